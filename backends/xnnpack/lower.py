@@ -1,0 +1,72 @@
+"""``to_edge_transform_and_lower`` with the XNNPACK partitioner, then ``to_executorch`` -> ``.pte``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from backends import Lowered, Stepper
+
+
+class XnnpackBackend:
+    name = "xnnpack"
+    suffix = ".pte"
+
+    def lower(self, program: ExportedProgram, metadata: dict[str, Any], out: Path) -> Lowered:
+        """``metadata`` becomes the program's constant methods (``get_max_seq_len``, ...)."""
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.devtools.backend_debug import get_delegation_info
+        from executorch.exir import (
+            EdgeCompileConfig,
+            ExecutorchBackendConfig,
+            to_edge_transform_and_lower,
+        )
+        from executorch.exir.passes import MemoryPlanningPass
+
+        edge = to_edge_transform_and_lower(
+            program,
+            partitioner=[XnnpackPartitioner()],
+            # Our custom SDPA / cache ops are not core ATen; the IR check would reject them.
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+            constant_methods=metadata,
+        )
+        info = get_delegation_info(edge.exported_program().graph_module)
+        et = edge.to_executorch(
+            ExecutorchBackendConfig(
+                extract_delegate_segments=True,
+                # Folds torchao's dequantize_affine on the embedding into
+                # quantized_decomposed::embedding_{4,8}bit, which has an out variant.
+                do_quant_fusion_and_const_prop=True,
+                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+            )
+        )
+        out.write_bytes(et.buffer)
+        plan = next(p for p in et.executorch_program.execution_plan if p.name == "forward")
+        operators = sorted(
+            {f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators}
+        )
+        delegated = info.num_delegated_nodes
+        total = delegated + info.num_non_delegated_nodes
+        return Lowered(
+            out,
+            {
+                "format": "executorch-pte",
+                "delegates": sorted({d.id for d in plan.delegates}),
+                "delegate_partitions": info.num_delegated_subgraphs,
+                "delegated_node_share": round(delegated / total, 4) if total else 0.0,
+                "operators_outside_delegate": operators,
+                "methods": sorted(p.name for p in et.executorch_program.execution_plan),
+                # Memory-planned buffers: activations and the mutable KV cache.
+                "planned_memory_bytes": int(sum(plan.non_const_buffer_sizes)),
+            },
+        )
+
+    def load(self, path: Path) -> Stepper:
+        from exporter.runtime import load_pte
+
+        return load_pte(path)
+
+
+BACKEND = XnnpackBackend()

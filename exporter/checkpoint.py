@@ -1,0 +1,262 @@
+"""Hugging Face checkpoint folder -> ``ModelArgs`` + weights. Key renames live here alone.
+
+Weights are read with safetensors' memory-mapped ``safe_open``, one tensor at a time, straight into a
+model built on the meta device: no pickle is ever loaded and no random full-size init happens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .errors import CheckpointError
+from .model import ModelArgs, RopeScaling, Transformer
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+# Hugging Face name (after "model.layers.{i}.") -> ours (after "layers.{i}.")
+_LAYER_KEYS = {
+    "self_attn.q_proj": "attention.wq",
+    "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo",
+    "self_attn.q_norm": "attention.q_norm",
+    "self_attn.k_norm": "attention.k_norm",
+    "mlp.gate_proj": "feed_forward.w1",
+    "mlp.up_proj": "feed_forward.w3",
+    "mlp.down_proj": "feed_forward.w2",
+    "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_TOP_KEYS = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
+# Tensors some exporters write that carry no weights of ours (recomputed from the config).
+_IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint folder, checked enough to know what it holds, with nothing heavy loaded yet."""
+
+    path: Path
+    name: str
+    architecture: str
+    args: ModelArgs
+    config: dict[str, Any]
+    weight_files: tuple[Path, ...]
+    tokenizer_path: Path
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """Read and check config.json, locate weights and tokenizer. Cheap: no tensor data is read."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(path, "checkpoint folder not found")
+    config = _read_config(path / "config.json")
+    architecture = _architecture(path / "config.json", config)
+    args = config_to_args(path / "config.json", config, SUPPORTED_ARCHITECTURES[architecture])
+    tokenizer = path / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise CheckpointError(tokenizer, "tokenizer file missing (a Hugging Face tokenizer.json is required)")
+    return Checkpoint(path, path.name, architecture, args, config, _weight_files(path), tokenizer)
+
+
+def _read_config(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(file, "config.json missing from the checkpoint folder")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(file, f"not valid JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(file, "expected a JSON object")
+    return config
+
+
+def _architecture(file: Path, config: dict[str, Any]) -> str:
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or len(archs) != 1:
+        raise CheckpointError(file, f"'architectures' must list one architecture, got {archs!r}")
+    arch = archs[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+        raise CheckpointError(file, f"unsupported architecture {arch!r} (supported: {supported})")
+    return str(arch)
+
+
+def _field(file: Path, config: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    value = config.get(key, default)
+    if value is None:
+        raise CheckpointError(file, f"required field {key!r} missing")
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckpointError(file, f"field {key!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def config_to_args(file: Path, config: dict[str, Any], family: str) -> ModelArgs:
+    """Map a Hugging Face config to ``ModelArgs``; anything we would silently get wrong is an error."""
+    for key, ok in (("hidden_act", "silu"), ("mlp_bias", False), ("use_sliding_window", False)):
+        if key in config and config[key] not in (ok, None):
+            raise CheckpointError(file, f"unsupported {key}={config[key]!r} (only {ok!r})")
+    dim = _field(file, config, "hidden_size", int)
+    n_heads = _field(file, config, "num_attention_heads", int)
+    n_kv = _field(file, config, "num_key_value_heads", int, n_heads)
+    head_dim = config.get("head_dim") or dim // n_heads
+    theta, scaling = _rope(file, config)
+    try:
+        return ModelArgs(
+            dim=dim,
+            n_layers=_field(file, config, "num_hidden_layers", int),
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            head_dim=int(head_dim),
+            hidden_dim=_field(file, config, "intermediate_size", int),
+            vocab_size=_field(file, config, "vocab_size", int),
+            norm_eps=_field(file, config, "rms_norm_eps", float, 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            # Qwen2 always has q/k/v bias; Llama and Qwen3 say so in `attention_bias`.
+            attention_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position_embeddings=_field(file, config, "max_position_embeddings", int, 2048),
+        )
+    except ValueError as e:
+        raise CheckpointError(file, str(e)) from e
+
+
+def _rope(file: Path, config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    # transformers >= 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise CheckpointError(file, f"unsupported rope type {kind!r} (supported: default, llama3)")
+    try:
+        return theta, RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(file, f"llama3 rope scaling field missing or invalid: {e}") from e
+
+
+def _weight_files(path: Path) -> tuple[Path, ...]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(index, f"invalid safetensors index ({e})") from e
+        files = tuple(path / name for name in sorted(set(weight_map.values())))
+    else:
+        files = tuple(sorted(path.glob("*.safetensors")))
+    if not files:
+        raise CheckpointError(path, "no *.safetensors weights found (pickled .bin checkpoints are not loaded)")
+    for file in files:
+        if not file.is_file():
+            raise CheckpointError(file, "weight shard listed in the index is missing")
+    return files
+
+
+def hf_to_ours(name: str) -> str | None:
+    """Hugging Face tensor name -> our parameter name; None for names we do not know."""
+    if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name):
+        layer, module, kind = m.groups()
+        ours = _LAYER_KEYS.get(module)
+        return None if ours is None else f"layers.{layer}.{ours}.{kind}"
+    if m := re.fullmatch(r"(.+)\.(weight|bias)", name):
+        ours = _TOP_KEYS.get(m.group(1))
+        return None if ours is None else f"{ours}.{m.group(2)}"
+    return None
+
+
+def load_model(ckpt: Checkpoint, max_seq_len: int, dtype: torch.dtype = torch.float32) -> Transformer:
+    """Build the eager model and fill it from the checkpoint's safetensors, checking every tensor."""
+    with torch.device("meta"):
+        model = Transformer(ckpt.args, max_seq_len, cache_dtype=dtype)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    if ckpt.args.tie_word_embeddings:
+        expected.pop("output.weight", None)
+    state: dict[str, torch.Tensor] = {}
+    for file in ckpt.weight_files:
+        state.update(_read_tensors(file, expected, dtype))
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        names = ", ".join(_ours_to_hf(m) for m in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise CheckpointError(ckpt.weight_files[0], f"missing tensor {names}{more}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if ckpt.args.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    model.init_buffers()
+    return model.eval()
+
+
+def _read_tensors(
+    file: Path, expected: dict[str, torch.Size], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                ours = hf_to_ours(name)
+                if ours is None or ours not in expected:
+                    if _IGNORED.fullmatch(name) or (ours == "output.weight" and ours not in expected):
+                        continue
+                    raise CheckpointError(file, f"unexpected tensor {name!r} for this architecture")
+                tensor = f.get_tensor(name)
+                if tensor.shape != expected[ours]:
+                    raise CheckpointError(
+                        file,
+                        f"tensor {name!r} has shape {list(tensor.shape)}, config.json implies "
+                        f"{list(expected[ours])}",
+                    )
+                out[ours] = tensor.to(dtype)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise CheckpointError(file, f"cannot read safetensors file, truncated or corrupt? ({e})") from e
+    return out
+
+
+def _ours_to_hf(name: str) -> str:
+    for hf in _TOP_KEYS.items():
+        if name.startswith(hf[1] + "."):
+            return hf[0] + name[len(hf[1]) :]
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    if m:
+        inverse = {v: k for k, v in _LAYER_KEYS.items()}
+        return f"model.layers.{m.group(1)}.{inverse[m.group(2)]}.{m.group(3)}"
+    return name
+
+
+def digest_files(paths: list[Path]) -> str:
+    """sha256 over the names and contents of files, in order; streams, so large shards are fine."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(sha256_file(p).encode())
+    return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,104 @@
+"""``exporter`` command line: thin; each command parses, calls one library function, prints.
+
+Errors the user can fix (``ExporterError``) are one line on stderr and exit code 2; ``--debug``
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import ExporterError
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ExporterError as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--quiet", is_flag=True, help="Hide stage progress.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
+    """Turn a Hugging Face Llama-family checkpoint into ExecuTorch / AOTInductor artifacts."""
+    ctx.obj = {"debug": debug}
+    # Our progress goes to stderr; the libraries' own INFO chatter stays below the root's WARNING.
+    log = logging.getLogger("exporter")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.propagate = False
+
+
+@main.command()
+@click.argument("recipe")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="Hugging Face folder (default: shipped model).")
+@click.option("--out", type=click.Path(path_type=Path), help="Artifacts root (default: artifacts/).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a recipe key, e.g. quantization.linear.group_size=64.")
+def build(recipe: str, checkpoint: Path | None, out: Path | None, overrides: tuple[str, ...]) -> None:
+    """Build, validate and publish the artifact of RECIPE (a name in recipes/ or a .toml path)."""
+    from .pipeline import build as run_build
+
+    folder = run_build(recipe, checkpoint, out, overrides)
+    click.echo(str(folder))
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+def run(artifact_dir: Path, prompt: str, max_new_tokens: int) -> None:
+    """Generate from an artifact in its own runtime and report tokens/s."""
+    from .play import generate
+
+    result = generate(artifact_dir, prompt, max_new_tokens)
+    click.echo(result.text)
+    click.echo(
+        f"prefill {result.prefill_tokens} tokens at {result.prefill_tokens_per_s:.1f} tok/s, "
+        f"decode {result.decode_tokens} tokens at {result.decode_tokens_per_s:.1f} tok/s",
+        err=True,
+    )
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(artifact_dir: Path, as_json: bool) -> None:
+    """Size, bits per parameter, delegation and validation figures of an artifact."""
+    from .inspect import summarize
+
+    summary = summarize(artifact_dir)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            click.echo(f"{key:28} {value}")
+
+
+@main.command()
+def recipes() -> None:
+    """List the shipped recipes."""
+    from .recipe import list_recipes, load_recipe
+
+    for path in list_recipes():
+        r = load_recipe(str(path))
+        click.echo(f"{r.name:18} {r.backend:8} {r.description}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""A one-screen summary of an artifact, from its manifest and the model file beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import sha256_file
+from .errors import ArtifactError
+from .manifest import read_manifest
+
+
+def summarize(artifact_dir: Path) -> dict[str, Any]:
+    m = read_manifest(artifact_dir)
+    model_file = Path(artifact_dir) / m["artifact"]["file"]
+    if not model_file.is_file():
+        raise ArtifactError(model_file, "listed in manifest.json but missing")
+    intact = sha256_file(model_file) == m["artifact"]["sha256"]
+    rt, val = m["runtime"], m["validation"]
+    vs_fp32, vs_eager = val["vs_fp32"], val["vs_eager"]
+    summary: dict[str, Any] = {
+        "model": f"{m['model']['name']} ({m['model']['architecture']}, {m['model']['parameters']:,} parameters)",
+        "recipe": m["recipe"]["name"],
+        "file": f"{m['artifact']['file']} ({m['artifact']['format']})",
+        "size_mb": round(m["artifact"]["size_bytes"] / 1e6, 3),
+        "bits_per_parameter": m["artifact"]["bits_per_parameter"],
+        "sha256_matches_manifest": intact,
+        "delegates": ", ".join(rt.get("delegates", [])) or "none",
+        "delegated_node_share": rt.get("delegated_node_share"),
+        "ops_outside_delegate": ", ".join(rt.get("operators_outside_delegate", [])),
+        "max_seq_len": rt["max_seq_len"],
+        "memory_estimate_mb": round(rt["memory_estimate_bytes"]["total"] / 1e6, 2),
+        "greedy_identical_steps": f"{vs_eager['greedy_tokens_identical_min']}/{vs_eager['steps']}",
+        "max_logit_abs_diff": round(vs_eager["max_logit_abs_diff"], 6),
+        "top1_agreement_vs_fp32": round(vs_fp32["artifact"]["top1_agreement"], 4),
+        "perplexity": f"{vs_fp32['artifact']['perplexity']:.3f} (fp32 {vs_fp32['fp32_perplexity']:.3f})",
+        "build_seconds": round(sum(t["seconds"] for t in m["timings"].values()), 1),
+    }
+    return summary

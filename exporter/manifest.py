@@ -1,0 +1,61 @@
+"""The manifest: what an artifact is, how it was made, how well it matches the reference and what a
+runtime needs to load it. Versioned with ``schema_version``; an app team loads from it alone."""
+
+from __future__ import annotations
+
+import json
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .errors import ArtifactError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+
+# Where each operator namespace outside the delegate comes from, for the app team's link line.
+KERNEL_LIBRARIES = {
+    "llama": "ExecuTorch LLM custom ops (extension/llm/custom_ops, link custom_ops; in Python "
+    "import executorch.extension.llm.custom_ops.custom_ops)",
+    "quantized_decomposed": "ExecuTorch quantized kernels (kernels/quantized, link "
+    "quantized_ops_lib; in Python import executorch.kernels.quantized)",
+    "aten": "ExecuTorch portable or optimized kernels (portable_ops_lib / optimized_native_cpu_ops_lib)",
+    "executorch_prim": "ExecuTorch runtime built-ins",
+}
+
+
+def tool_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for dist in ("exporter", "torch", "executorch", "torchao"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "not installed"
+    return versions
+
+
+def kernel_libraries(operators: list[str]) -> list[str]:
+    namespaces = sorted({op.split("::", 1)[0] for op in operators})
+    return [KERNEL_LIBRARIES.get(ns, f"library providing {ns}:: operators") for ns in namespaces]
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
+    path = folder / MANIFEST
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **manifest}, indent=2) + "\n")
+    return path
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(folder, "not an artifact folder (no manifest.json)")
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(path, f"not valid JSON ({e})") from e
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(
+            path, f"schema_version {data.get('schema_version')!r}, this exporter reads {SCHEMA_VERSION}"
+        )
+    return data

@@ -1,0 +1,270 @@
+"""The one eager model definition: a Llama-family decoder with a static KV cache.
+
+Covers Llama 2/3.x (incl. ``llama3`` RoPE scaling), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k
+RMSNorm, explicit ``head_dim``), SmolLM2 and TinyLlama. The calling convention is the one ExecuTorch's
+LLM runner uses: ``forward(tokens: int64[1, T], input_pos: int64[1]) -> logits``, where ``input_pos``
+holds the position of ``tokens[:, 0]`` and the cache lives inside the module as buffers.
+
+Shapes in comments: B batch (1), T new tokens, S max sequence length, H query heads, K kv heads,
+D head dim, E model dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency scaling (``rope_scaling.rope_type == "llama3"``)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Architecture only: nothing here says how or where the model is exported."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    vocab_size: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    attention_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    def parameter_count(self) -> int:
+        """Parameters of the model (tied embeddings counted once)."""
+        q = self.dim * self.n_heads * self.head_dim
+        kv = 2 * self.dim * self.n_kv_heads * self.head_dim
+        o = self.n_heads * self.head_dim * self.dim
+        bias = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim if self.attention_bias else 0
+        norms = 2 * self.dim + (2 * self.head_dim if self.qk_norm else 0)
+        mlp = 3 * self.dim * self.hidden_dim
+        layer = q + kv + o + bias + norms + mlp
+        embed = self.vocab_size * self.dim
+        head = 0 if self.tie_word_embeddings else embed
+        return self.n_layers * layer + embed + head + self.dim
+
+
+def precompute_rope(args: ModelArgs, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [S, D] in the "rotate half" layout that Hugging Face checkpoints use."""
+    d = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if args.rope_scaling is not None:
+        inv_freq = _scale_llama3(inv_freq, args.rope_scaling)
+    t = torch.arange(max_seq_len, dtype=torch.float64)
+    freqs = torch.outer(t, inv_freq)  # [S, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
+    return emb.cos().float(), emb.sin().float()
+
+
+def _scale_llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    # Same piecewise rule as Meta's reference and transformers' `_compute_llama3_parameters`.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, D]; cos, sin [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementations, whatever the activation dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class KVCache(nn.Module):
+    """Static cache, [B, K, S, D] per tensor, updated in place at ``start_pos``."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.shape = (1, n_kv_heads, max_seq_len, head_dim)
+        self.dtype = dtype
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        self.register_buffer("k_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
+
+    def update(
+        self, start_pos: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, T, K, D] -> whole caches [B, K, S, D]."""
+        seq_len = k.shape[1]
+        self.k_cache.narrow(2, start_pos, seq_len).copy_(k.transpose(1, 2))
+        self.v_cache.narrow(2, start_pos, seq_len).copy_(v.transpose(1, 2))
+        return self.k_cache, self.v_cache
+
+
+class SDPA(nn.Module):
+    """Causal attention of T new queries over the whole cache; the mask hides positions not yet written."""
+
+    def __init__(self, n_heads: int, n_kv_heads: int, max_seq_len: int) -> None:
+        super().__init__()
+        self.n_rep = n_heads // n_kv_heads
+        self.max_seq_len = max_seq_len
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        mask = torch.full((self.max_seq_len, self.max_seq_len), float("-inf")).triu(1)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int
+    ) -> torch.Tensor:
+        """q [B, T, H, D]; k, v [B, K, S, D] -> [B, T, H*D]."""
+        bsz, seq_len, _, _ = q.shape
+        mask = self.mask.narrow(0, start_pos, seq_len).to(q.dtype)  # [T, S]
+        k = k.repeat_interleave(self.n_rep, dim=1)
+        v = v.repeat_interleave(self.n_rep, dim=1)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask)
+        return y.transpose(1, 2).reshape(bsz, seq_len, -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        bias = args.attention_bias
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=bias)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=bias)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=bias)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        self.kv_cache: nn.Module = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
+        self.sdpa: nn.Module = SDPA(args.n_heads, args.n_kv_heads, max_seq_len)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int
+    ) -> torch.Tensor:
+        bsz, seq_len, _ = x.shape
+        q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim)
+        k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = self.kv_cache.update(start_pos, k, v)
+        return self.wo(self.sdpa(q, k_all, v_all, start_pos))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.attention = Attention(args, max_seq_len, cache_dtype)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, start_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """Decoder with a static cache of ``max_seq_len`` positions; returns logits for every new token."""
+
+    def __init__(
+        self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype = torch.float32
+    ) -> None:
+        super().__init__()
+        self.args = args
+        self.max_seq_len = max_seq_len
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(
+            TransformerBlock(args, max_seq_len, cache_dtype) for _ in range(args.n_layers)
+        )
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """(Re)create the non-persistent buffers: RoPE tables here, caches and masks in sub-modules.
+
+        A model built on the meta device gets its weights assigned from the checkpoint and then calls
+        this, so no full-size random initialisation ever happens."""
+        cos, sin = precompute_rope(self.args, self.max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        for module in self.modules():
+            if module is not self and hasattr(module, "init_buffers"):
+                module.init_buffers()
+
+    def hidden(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T], input_pos [1] -> final-norm hidden states [B, T, E]; fills the cache."""
+        seq_len = tokens.shape[1]
+        # A data-dependent start position, as ExecuTorch's own Llama does: export keeps it symbolic,
+        # and the checks tell it that every slice below stays inside the static buffers.
+        start_pos = input_pos[0].item()
+        torch._check(start_pos >= 0)
+        torch._check(start_pos + seq_len <= self.max_seq_len)
+        cos = self.rope_cos.narrow(0, start_pos, seq_len)
+        sin = self.rope_sin.narrow(0, start_pos, seq_len)
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos.to(h.dtype), sin.to(h.dtype), start_pos)
+        return self.norm(h)
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T], input_pos [1] -> logits [B, T, V]."""
+        return self.output(self.hidden(tokens, input_pos))
+
+    def reset_cache(self) -> None:
+        for layer in self.layers:
+            for buf in layer.attention.kv_cache.buffers():
+                buf.zero_()

@@ -1,0 +1,263 @@
+"""The build: a flat sequence of functions, recipe + checkpoint -> published artifact folder.
+
+load -> reference (fp32 figures) -> quantize -> export -> lower -> validate -> publish. Everything is
+written into a hidden temporary folder beside the target and moved into place only after validation
+passed, so a failed or interrupted build leaves the previous artifact untouched and no partial one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends import Backend, get_backend
+
+from .checkpoint import Checkpoint, digest_files, load_model, open_checkpoint, sha256_file
+from .errors import CheckpointError, ExporterError, ValidationError
+from .manifest import kernel_libraries, tool_versions, write_manifest
+from .model import Transformer
+from .quantize import quantize_model
+from .recipe import Recipe, check_fits, load_recipe, recipe_path
+from .runtime import eager_stepper, native_logs_captured
+from .tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
+from .transforms import LastTokenLogits, replace_sdpa_with_custom_sdpa
+from .validate import Reference, fp32_reference, validate
+
+log = logging.getLogger("exporter")
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "pycode-4m"
+DEFAULT_OUT = Path("artifacts")
+HELDOUT = "heldout.txt"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+@contextmanager
+def stage(timings: dict[str, Any], name: str) -> Iterator[None]:
+    log.info("[%s] ...", name)
+    start = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - start
+    timings[name] = {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_rss_mb(), 1)}
+    log.info("[%s] done in %.1f s (peak RSS %.0f MB)", name, seconds, peak_rss_mb())
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    recipe: Recipe
+    recipe_file: Path
+    checkpoint: Checkpoint
+    tokenizer: Any
+    tokenizer_info: TokenizerInfo
+    target: Path
+
+
+def prepare(
+    recipe_arg: str, checkpoint: Path | None, out: Path | None, overrides: tuple[str, ...]
+) -> BuildInputs:
+    """Every check that needs no weights: recipe, config, tokenizer, output folder."""
+    recipe = load_recipe(recipe_arg, overrides)
+    recipe_file = recipe_path(recipe_arg)
+    ckpt = open_checkpoint(checkpoint or DEFAULT_CHECKPOINT)
+    check_fits(recipe, ckpt.args, recipe_file)
+    tokenizer = load_tokenizer(ckpt.tokenizer_path)
+    info = tokenizer_info(ckpt.path, ckpt.config, tokenizer)
+    if info.vocab_size > ckpt.args.vocab_size:
+        raise CheckpointError(
+            ckpt.tokenizer_path,
+            f"tokenizer has {info.vocab_size} tokens, the model's vocab_size is {ckpt.args.vocab_size}",
+        )
+    target = (out or DEFAULT_OUT) / ckpt.name / recipe.name
+    return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target)
+
+
+def make_staging(target: Path) -> Path:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    except OSError as e:
+        raise ExporterError(target.parent, f"output folder is not writable ({e.strerror})") from e
+
+
+def publish(staging: Path, target: Path) -> None:
+    """Swap the finished folder into place; the old artifact survives until the new one is there."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def heldout_ids(inputs: BuildInputs, n_tokens: int) -> tuple[list[int], str]:
+    """Held-out text shipped with the checkpoint, else the default model's (Python source)."""
+    path = inputs.checkpoint.path / HELDOUT
+    if not path.is_file():
+        path = DEFAULT_CHECKPOINT / HELDOUT
+    ids = encode(inputs.tokenizer, inputs.tokenizer_info, path.read_text(encoding="utf-8"))
+    return ids[: n_tokens + 1], str(path.relative_to(path.parent.parent))
+
+
+def export_program(module: torch.nn.Module, max_seq_len: int) -> torch.export.ExportedProgram:
+    """``forward(tokens int64[1, T], input_pos int64[1])`` with T dynamic in [1, max_seq_len]."""
+    seq = torch.export.Dim("seq", min=1, max=max_seq_len)
+    example = (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0]))
+    with torch.no_grad():
+        return torch.export.export(module, example, dynamic_shapes=({1: seq}, None), strict=False)
+
+
+def constant_methods(inputs: BuildInputs) -> dict[str, Any]:
+    """What ExecuTorch's LLM runner reads from the program before it generates."""
+    args, info, export = inputs.checkpoint.args, inputs.tokenizer_info, inputs.recipe.export
+    methods: dict[str, Any] = {
+        "get_max_seq_len": export.max_seq_len,
+        "get_max_context_len": export.max_seq_len,
+        "get_vocab_size": args.vocab_size,
+        "get_n_layers": args.n_layers,
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": export.custom_sdpa,
+        "enable_dynamic_shape": True,
+        "get_eos_ids": list(info.eos_ids),
+    }
+    if info.bos_id is not None:
+        methods["get_bos_id"] = info.bos_id
+    return methods
+
+
+def transform_for(recipe: Recipe, model: Transformer) -> torch.nn.Module:
+    if recipe.export.custom_sdpa:
+        replace_sdpa_with_custom_sdpa(model)
+    return LastTokenLogits(model).eval()
+
+
+def build(
+    recipe_arg: str,
+    checkpoint: Path | None = None,
+    out: Path | None = None,
+    overrides: tuple[str, ...] = (),
+) -> Path:
+    """Build, validate and publish one artifact; returns its folder. Raises ``ExporterError``."""
+    inputs = prepare(recipe_arg, checkpoint, out, overrides)
+    backend = get_backend(inputs.recipe.backend)
+    staging = make_staging(inputs.target)
+    try:
+        manifest = _build_into(inputs, backend, staging)
+        write_manifest(staging, manifest)
+        publish(staging, inputs.target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return inputs.target
+
+
+def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[str, Any]:
+    recipe, ckpt = inputs.recipe, inputs.checkpoint
+    timings: dict[str, Any] = {}
+    with stage(timings, "load"):
+        model = load_model(ckpt, recipe.export.max_seq_len)
+    with stage(timings, "reference"):
+        ids, heldout_source = heldout_ids(inputs, recipe.validation.eval_tokens)
+        reference = fp32_reference(model, ids)
+    with stage(timings, "quantize"):
+        quantize_model(model, recipe.quantization)
+        module = transform_for(recipe, model)
+    with stage(timings, "export"):
+        program = export_program(module, recipe.export.max_seq_len)
+    with stage(timings, "lower"):
+        lowered = backend.lower(program, constant_methods(inputs), staging / f"model{backend.suffix}")
+    del program
+    with stage(timings, "validate"), native_logs_captured():
+        prompts = [encode(inputs.tokenizer, inputs.tokenizer_info, p) for p in recipe.validation.prompts]
+        figures = validate(
+            backend.load(lowered.path), eager_stepper(module), prompts, reference, recipe.validation
+        )
+    figures["heldout_text"] = heldout_source
+    if not figures["passed"]:
+        raise ValidationError(
+            staging.parent / inputs.target.name,
+            "validation failed, nothing published: " + "; ".join(figures["failures"]),
+        )
+    shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")
+    return assemble_manifest(inputs, lowered.path, lowered.runtime, figures, timings, reference)
+
+
+def assemble_manifest(
+    inputs: BuildInputs,
+    model_file: Path,
+    runtime: dict[str, Any],
+    figures: dict[str, Any],
+    timings: dict[str, Any],
+    reference: Reference,
+) -> dict[str, Any]:
+    recipe, ckpt, args = inputs.recipe, inputs.checkpoint, inputs.checkpoint.args
+    size = model_file.stat().st_size
+    params = args.parameter_count()
+    kv_bytes = 2 * args.n_layers * recipe.export.max_seq_len * args.n_kv_heads * args.head_dim * 4
+    versions = tool_versions()
+    ckpt_files = [ckpt.path / "config.json", *ckpt.weight_files, ckpt.tokenizer_path]
+    return {
+        "artifact": {
+            "file": model_file.name,
+            "format": runtime.get("format"),
+            "sha256": sha256_file(model_file),
+            "size_bytes": size,
+            "bits_per_parameter": round(size * 8 / params, 3),
+        },
+        "model": {
+            "name": ckpt.name,
+            "architecture": ckpt.architecture,
+            "parameters": params,
+            "checkpoint_sha256": digest_files(ckpt_files),
+            "args": {k: v for k, v in vars(args).items() if k != "rope_scaling"}
+            | {"rope_scaling": None if args.rope_scaling is None else vars(args.rope_scaling)},
+        },
+        "recipe": {
+            "name": recipe.name,
+            "file": inputs.recipe_file.name,
+            "digest": recipe.digest(),
+            "resolved": recipe.to_dict(),
+        },
+        "tools": versions,
+        "runtime": {
+            **runtime,
+            "executorch_version": versions["executorch"],
+            "kernel_libraries": kernel_libraries(runtime.get("operators_outside_delegate", [])),
+            "method": "forward",
+            "inputs": [
+                {"name": "tokens", "dtype": "int64", "shape": [1, "T"], "T": [1, recipe.export.max_seq_len]},
+                {"name": "input_pos", "dtype": "int64", "shape": [1], "meaning": "position of tokens[0, 0]"},
+            ],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": [1, args.vocab_size],
+                         "meaning": "next-token logits after the last input token"}],
+            "kv_cache": {
+                "inside_program": True,
+                "layout": "[1, max_seq_len, n_kv_heads, head_dim]"
+                if recipe.export.custom_sdpa
+                else "[1, n_kv_heads, max_seq_len, head_dim]",
+                "dtype": "float32",
+                "bytes": kv_bytes,
+            },
+            "max_seq_len": recipe.export.max_seq_len,
+            "constant_methods": constant_methods(inputs),
+            "memory_estimate_bytes": {
+                "weights": size,
+                "kv_cache": kv_bytes,
+                # planned buffers hold the KV cache and activations; fall back to the cache alone
+                "total": size + max(kv_bytes, runtime.get("planned_memory_bytes", 0)),
+            },
+        },
+        "tokenizer": {**inputs.tokenizer_info.to_dict(), "sha256": sha256_file(ckpt.tokenizer_path)},
+        "validation": figures,
+        "timings": timings,
+    }

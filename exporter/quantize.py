@@ -1,0 +1,66 @@
+"""Recipe quantization -> torchao configs applied with ``quantize_``. No quantization math lives here:
+we only choose torchao schemes and which modules they apply to."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .model import Transformer
+from .recipe import EmbeddingQuant, LinearQuant, Quantization
+
+
+def _linear_config(q: LinearQuant) -> object:
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quantize_.workflows import IntxChooseQParamsAlgorithm
+
+    algorithm = IntxChooseQParamsAlgorithm(q.scale_algorithm)
+    if q.scheme == "8da4w":
+        return Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4,
+            weight_granularity=PerGroup(q.group_size),
+            intx_choose_qparams_algorithm=algorithm,
+        )
+    return IntxWeightOnlyConfig(
+        weight_dtype=torch.int4,
+        granularity=PerGroup(q.group_size),
+        intx_choose_qparams_algorithm=algorithm,
+    )
+
+
+def _embedding_config(q: EmbeddingQuant) -> object:
+    from torchao.quantization import IntxWeightOnlyConfig
+    from torchao.quantization.granularity import PerGroup
+
+    dtype = {4: torch.int4, 8: torch.int8}[q.bits]
+    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(q.group_size))
+
+
+def untie_embeddings(model: Transformer) -> Transformer:
+    """Give the output projection its own weight so embedding and head can be quantized apart."""
+    if model.output.weight is model.tok_embeddings.weight:
+        model.output.weight = nn.Parameter(model.tok_embeddings.weight.detach().clone())
+    return model
+
+
+def quantize_model(model: Transformer, quant: Quantization) -> Transformer:
+    """Quantize in place: every linear layer (the output projection included) and the embedding."""
+    from torchao.quantization import quantize_
+
+    if quant.linear is None and quant.embedding is None:
+        return model
+    untie_embeddings(model)
+    if quant.embedding is not None:
+        quantize_(
+            model,
+            _embedding_config(quant.embedding),  # type: ignore[arg-type]
+            filter_fn=lambda m, _fqn: isinstance(m, nn.Embedding),
+        )
+    if quant.linear is not None:
+        quantize_(
+            model,
+            _linear_config(quant.linear),  # type: ignore[arg-type]
+            filter_fn=lambda m, _fqn: isinstance(m, nn.Linear),
+        )
+    return model

@@ -1,0 +1,73 @@
+"""Source transforms: ``replace_x_with_y(model) -> model``. Target differences live here, never in
+``ModelArgs``; each transform is tested for equivalence with the module it replaces."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .model import Attention, Transformer
+
+
+def load_custom_ops() -> None:
+    """Register ExecuTorch's ``llama::custom_sdpa`` / ``llama::update_cache`` with PyTorch."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+
+class CustomKVCache(nn.Module):
+    """Cache in the [B, S, K, D] layout that ``llama::update_cache`` and ``llama::custom_sdpa`` use."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.shape = (1, max_seq_len, n_kv_heads, head_dim)
+        self.dtype = dtype
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        self.register_buffer("k_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
+
+    def update(
+        self, start_pos: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, T, K, D] -> whole caches [B, S, K, D]."""
+        torch.ops.llama.update_cache(k, self.k_cache, start_pos)
+        torch.ops.llama.update_cache(v, self.v_cache, start_pos)
+        return self.k_cache, self.v_cache
+
+
+class CustomSDPA(nn.Module):
+    """``llama::custom_sdpa``: causal from ``start_pos``, grouped-query heads handled by the kernel,
+    so there is no mask buffer and no repeated K/V."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int
+    ) -> torch.Tensor:
+        """q [B, T, H, D]; k, v [B, S, K, D] -> [B, T, H*D]."""
+        bsz, seq_len, _, _ = q.shape
+        y = torch.ops.llama.custom_sdpa(q, k, v, start_pos, None, 0.0, True)
+        return y.reshape(bsz, seq_len, -1)
+
+
+def replace_sdpa_with_custom_sdpa(model: Transformer) -> Transformer:
+    load_custom_ops()
+    for module in model.modules():
+        if isinstance(module, Attention):
+            old = module.kv_cache
+            n_kv, seq, head_dim = old.shape[1], old.shape[2], old.shape[3]
+            module.kv_cache = CustomKVCache(n_kv, head_dim, seq, old.dtype)
+            module.sdpa = CustomSDPA()
+    return model
+
+
+class LastTokenLogits(nn.Module):
+    """What is exported: logits of the last new token only, [B, V], as ExecuTorch's LLM runner
+    expects by default; the output projection then runs on one row, not on the whole prompt."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        h = self.model.hidden(tokens, input_pos)
+        return self.model.output(h[:, -1, :])

@@ -1,0 +1,125 @@
+"""The validation gate: an artifact, run in its own runtime, against the eager model it came from
+(same quantization) and against eager fp32. Thresholds come from the recipe."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .recipe import ValidationSettings
+from .runtime import Stepper, follow, greedy, score
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What eager fp32 gives on the held-out text; computed before the model is quantized."""
+
+    ids: list[int]
+    logits: torch.Tensor  # [len(ids) - 1, V]
+
+
+def fp32_reference(model: torch.nn.Module, ids: Sequence[int]) -> Reference:
+    with torch.no_grad():
+        logits = model(torch.tensor([list(ids)]), torch.tensor([0]))[0, :-1].float()
+    model.reset_cache()  # type: ignore[operator]
+    return Reference(list(ids), logits)
+
+
+def distribution_figures(logits: torch.Tensor, ref: Reference) -> dict[str, float]:
+    """Perplexity, top-1 agreement with fp32 and mean KL(fp32 || candidate) per token."""
+    targets = torch.tensor(ref.ids[1:])
+    nll = F.cross_entropy(logits, targets).item()
+    ref_logp = F.log_softmax(ref.logits, -1)
+    kl = F.kl_div(F.log_softmax(logits, -1), ref_logp, log_target=True, reduction="batchmean")
+    return {
+        "perplexity": math.exp(nll),
+        "top1_agreement": (logits.argmax(-1) == ref.logits.argmax(-1)).float().mean().item(),
+        "mean_kl": kl.item(),
+    }
+
+
+def perplexity_of(ref: Reference) -> float:
+    return math.exp(F.cross_entropy(ref.logits, torch.tensor(ref.ids[1:])).item())
+
+
+def compare_greedy(
+    artifact: Stepper, eager: Stepper, prompts: Sequence[Sequence[int]], steps: int
+) -> dict[str, Any]:
+    """Eager decodes greedily; the artifact follows the same tokens, so logits are compared on the
+    same contexts and a mismatch in argmax is a greedy divergence at that step."""
+    per_prompt = []
+    for prompt in prompts:
+        ref = greedy(eager, prompt, steps)
+        got = follow(artifact, prompt, ref.tokens)
+        argmax = got.argmax(-1).tolist()
+        same = next((i for i, (a, b) in enumerate(zip(argmax, ref.tokens)) if a != b), steps)
+        per_prompt.append(
+            {
+                "prompt_tokens": len(prompt),
+                "greedy_tokens_identical": same,
+                "max_logit_abs_diff": (got - ref.logits).abs().max().item(),
+                "eager_tokens": ref.tokens,
+            }
+        )
+    return {
+        "steps": steps,
+        "greedy_tokens_identical_min": min(p["greedy_tokens_identical"] for p in per_prompt),
+        "max_logit_abs_diff": max(p["max_logit_abs_diff"] for p in per_prompt),
+        "prompts": per_prompt,
+    }
+
+
+def validate(
+    artifact: Stepper,
+    eager: Stepper,
+    prompts: Sequence[Sequence[int]],
+    reference: Reference,
+    settings: ValidationSettings,
+) -> dict[str, Any]:
+    """All figures plus ``failures`` (empty when every threshold is met)."""
+    vs_eager = compare_greedy(artifact, eager, prompts, settings.greedy_steps)
+    fp32_ppl = perplexity_of(reference)
+    artifact_fig = distribution_figures(score(artifact, reference.ids), reference)
+    eager_fig = distribution_figures(score(eager, reference.ids), reference)
+    ratio = artifact_fig["perplexity"] / fp32_ppl
+    failures = []
+    if vs_eager["greedy_tokens_identical_min"] < settings.greedy_steps:
+        failures.append(
+            f"greedy tokens identical for {vs_eager['greedy_tokens_identical_min']} steps, "
+            f"need {settings.greedy_steps}"
+        )
+    if vs_eager["max_logit_abs_diff"] > settings.max_logit_abs_diff:
+        failures.append(
+            f"max |logit - eager logit| {vs_eager['max_logit_abs_diff']:.4g} > "
+            f"{settings.max_logit_abs_diff:.4g}"
+        )
+    if artifact_fig["top1_agreement"] < settings.min_top1_agreement:
+        failures.append(
+            f"top-1 agreement with fp32 {artifact_fig['top1_agreement']:.4f} < "
+            f"{settings.min_top1_agreement}"
+        )
+    if ratio > settings.max_perplexity_ratio:
+        failures.append(f"perplexity ratio to fp32 {ratio:.4f} > {settings.max_perplexity_ratio}")
+    return {
+        "passed": not failures,
+        "failures": failures,
+        "thresholds": {
+            "greedy_steps": settings.greedy_steps,
+            "max_logit_abs_diff": settings.max_logit_abs_diff,
+            "min_top1_agreement": settings.min_top1_agreement,
+            "max_perplexity_ratio": settings.max_perplexity_ratio,
+        },
+        "vs_eager": vs_eager,
+        "vs_fp32": {
+            "eval_tokens": len(reference.ids) - 1,
+            "fp32_perplexity": fp32_ppl,
+            "artifact": artifact_fig,
+            "eager_quantized": eager_fig,
+            "perplexity_ratio": ratio,
+        },
+    }
