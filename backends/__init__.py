@@ -31,9 +31,7 @@ class Backend(Protocol):
     name: str
     suffix: str  # ".pte" or ".pt2"
 
-    def lower(
-        self, program: ExportedProgram, metadata: dict[str, Any], out: Path
-    ) -> Lowered: ...
+    def lower(self, program: ExportedProgram, metadata: dict[str, Any], out: Path) -> Lowered: ...
 
     def load(self, path: Path) -> Stepper: ...
 

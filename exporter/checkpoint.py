@@ -168,7 +168,9 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
     else:
         files = tuple(sorted(path.glob("*.safetensors")))
     if not files:
-        raise CheckpointError(path, "no *.safetensors weights found (pickled .bin checkpoints are not loaded)")
+        raise CheckpointError(
+            path, "no *.safetensors weights found (pickled .bin checkpoints are not loaded)"
+        )
     for file in files:
         if not file.is_file():
             raise CheckpointError(file, "weight shard listed in the index is missing")
@@ -209,9 +211,7 @@ def load_model(ckpt: Checkpoint, max_seq_len: int, dtype: torch.dtype = torch.fl
     return model.eval()
 
 
-def _read_tensors(
-    file: Path, expected: dict[str, torch.Size], dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
+def _read_tensors(file: Path, expected: dict[str, torch.Size], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     try:
         with safe_open(str(file), framework="pt") as f:

@@ -47,9 +47,17 @@ def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
 
 @main.command()
 @click.argument("recipe")
-@click.option("--checkpoint", type=click.Path(path_type=Path), help="Hugging Face folder (default: shipped model).")
+@click.option(
+    "--checkpoint", type=click.Path(path_type=Path), help="Hugging Face folder (default: shipped model)."
+)
 @click.option("--out", type=click.Path(path_type=Path), help="Artifacts root (default: artifacts/).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a recipe key, e.g. quantization.linear.group_size=64.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a recipe key, e.g. quantization.linear.group_size=64.",
+)
 def build(recipe: str, checkpoint: Path | None, out: Path | None, overrides: tuple[str, ...]) -> None:
     """Build, validate and publish the artifact of RECIPE (a name in recipes/ or a .toml path)."""
     from .pipeline import build as run_build

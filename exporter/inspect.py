@@ -19,7 +19,9 @@ def summarize(artifact_dir: Path) -> dict[str, Any]:
     rt, val = m["runtime"], m["validation"]
     vs_fp32, vs_eager = val["vs_fp32"], val["vs_eager"]
     summary: dict[str, Any] = {
-        "model": f"{m['model']['name']} ({m['model']['architecture']}, {m['model']['parameters']:,} parameters)",
+        "model": m["model"]["name"],
+        "architecture": m["model"]["architecture"],
+        "parameters": m["model"]["parameters"],
         "recipe": m["recipe"]["name"],
         "file": f"{m['artifact']['file']} ({m['artifact']['format']})",
         "size_mb": round(m["artifact"]["size_bytes"] / 1e6, 3),

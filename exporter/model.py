@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -115,19 +116,28 @@ class RMSNorm(nn.Module):
 class KVCache(nn.Module):
     """Static cache, [B, K, S, D] per tensor, updated in place at ``start_pos``."""
 
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
     def __init__(self, n_kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.shape = (1, n_kv_heads, max_seq_len, head_dim)
-        self.dtype = dtype
+        self.n_kv_heads, self.head_dim, self.max_seq_len, self.dtype = (
+            n_kv_heads,
+            head_dim,
+            max_seq_len,
+            dtype,
+        )
         self.init_buffers()
 
-    def init_buffers(self) -> None:
-        self.register_buffer("k_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        return (1, self.n_kv_heads, self.max_seq_len, self.head_dim)
 
-    def update(
-        self, start_pos: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def init_buffers(self) -> None:
+        shape = self.cache_shape()
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, T, K, D] -> whole caches [B, K, S, D]."""
         seq_len = k.shape[1]
         self.k_cache.narrow(2, start_pos, seq_len).copy_(k.transpose(1, 2))
@@ -137,6 +147,8 @@ class KVCache(nn.Module):
 
 class SDPA(nn.Module):
     """Causal attention of T new queries over the whole cache; the mask hides positions not yet written."""
+
+    mask: torch.Tensor
 
     def __init__(self, n_heads: int, n_kv_heads: int, max_seq_len: int) -> None:
         super().__init__()
@@ -148,9 +160,7 @@ class SDPA(nn.Module):
         mask = torch.full((self.max_seq_len, self.max_seq_len), float("-inf")).triu(1)
         self.register_buffer("mask", mask, persistent=False)
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
         """q [B, T, H, D]; k, v [B, K, S, D] -> [B, T, H*D]."""
         bsz, seq_len, _, _ = q.shape
         mask = self.mask.narrow(0, start_pos, seq_len).to(q.dtype)  # [T, S]
@@ -171,12 +181,10 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
-        self.kv_cache: nn.Module = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
+        self.kv_cache: KVCache = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
         self.sdpa: nn.Module = SDPA(args.n_heads, args.n_kv_heads, max_seq_len)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int) -> torch.Tensor:
         bsz, seq_len, _ = x.shape
         q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim)
         k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
@@ -207,9 +215,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, start_pos)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -217,9 +223,10 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """Decoder with a static cache of ``max_seq_len`` positions; returns logits for every new token."""
 
-    def __init__(
-        self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype = torch.float32
-    ) -> None:
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.args = args
         self.max_seq_len = max_seq_len
@@ -242,15 +249,16 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         for module in self.modules():
-            if module is not self and hasattr(module, "init_buffers"):
-                module.init_buffers()
+            init = getattr(module, "init_buffers", None)
+            if module is not self and callable(init):
+                init()
 
     def hidden(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """tokens [B, T], input_pos [1] -> final-norm hidden states [B, T, E]; fills the cache."""
         seq_len = tokens.shape[1]
         # A data-dependent start position, as ExecuTorch's own Llama does: export keeps it symbolic,
         # and the checks tell it that every slice below stays inside the static buffers.
-        start_pos = input_pos[0].item()
+        start_pos = cast(int, input_pos[0].item())
         torch._check(start_pos >= 0)
         torch._check(start_pos + seq_len <= self.max_seq_len)
         cos = self.rope_cos.narrow(0, start_pos, seq_len)
@@ -265,6 +273,7 @@ class Transformer(nn.Module):
         return self.output(self.hidden(tokens, input_pos))
 
     def reset_cache(self) -> None:
-        for layer in self.layers:
-            for buf in layer.attention.kv_cache.buffers():
-                buf.zero_()
+        for module in self.modules():
+            if isinstance(module, Attention):
+                for buf in module.kv_cache.buffers():
+                    buf.zero_()

@@ -238,8 +238,14 @@ def assemble_manifest(
                 {"name": "tokens", "dtype": "int64", "shape": [1, "T"], "T": [1, recipe.export.max_seq_len]},
                 {"name": "input_pos", "dtype": "int64", "shape": [1], "meaning": "position of tokens[0, 0]"},
             ],
-            "outputs": [{"name": "logits", "dtype": "float32", "shape": [1, args.vocab_size],
-                         "meaning": "next-token logits after the last input token"}],
+            "outputs": [
+                {
+                    "name": "logits",
+                    "dtype": "float32",
+                    "shape": [1, args.vocab_size],
+                    "meaning": "next-token logits after the last input token",
+                }
+            ],
             "kv_cache": {
                 "inside_program": True,
                 "layout": "[1, max_seq_len, n_kv_heads, head_dim]"

@@ -18,12 +18,12 @@ def _linear_config(q: LinearQuant) -> object:
     algorithm = IntxChooseQParamsAlgorithm(q.scale_algorithm)
     if q.scheme == "8da4w":
         return Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int4,
+            weight_dtype=torch.int4,  # type: ignore[attr-defined]
             weight_granularity=PerGroup(q.group_size),
             intx_choose_qparams_algorithm=algorithm,
         )
     return IntxWeightOnlyConfig(
-        weight_dtype=torch.int4,
+        weight_dtype=torch.int4,  # type: ignore[attr-defined]
         granularity=PerGroup(q.group_size),
         intx_choose_qparams_algorithm=algorithm,
     )
@@ -33,7 +33,7 @@ def _embedding_config(q: EmbeddingQuant) -> object:
     from torchao.quantization import IntxWeightOnlyConfig
     from torchao.quantization.granularity import PerGroup
 
-    dtype = {4: torch.int4, 8: torch.int8}[q.bits]
+    dtype = {4: torch.int4, 8: torch.int8}[q.bits]  # type: ignore[attr-defined]
     return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(q.group_size))
 
 

@@ -179,7 +179,7 @@ def _build(cls: type, data: Any, path: Path, prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise RecipeError(path, f"unknown key {prefix}{unknown[0]!r} (known: {', '.join(sorted(names))})")
+        raise RecipeError(path, f"unknown key '{prefix}{unknown[0]}' (known: {', '.join(sorted(names))})")
     kwargs = {k: _convert(hints[k], v, path, f"{prefix}{k}") for k, v in data.items()}
     missing = [
         f.name

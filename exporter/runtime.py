@@ -48,8 +48,9 @@ def native_logs_captured() -> Iterator[None]:
 
 def load_executorch_kernels() -> None:
     """Register the kernels our programs need outside the delegate, before a program is loaded."""
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama::custom_sdpa, update_cache
-    import executorch.kernels.quantized  # noqa: F401  quantized_decomposed::embedding_4bit
+    # llama::custom_sdpa, llama::update_cache; quantized_decomposed::embedding_4bit
+    import executorch.extension.llm.custom_ops.custom_ops
+    import executorch.kernels.quantized  # noqa: F401
 
 
 def load_pte(path: Path) -> Stepper:

@@ -72,7 +72,8 @@ def tokenizer_info(folder: Path, config: dict[str, Any], tokenizer: Any) -> Toke
         eos = [t]
     if not eos:
         raise CheckpointError(
-            folder / "config.json", "no eos_token_id in config.json, generation_config.json or tokenizer_config.json"
+            folder / "config.json",
+            "no eos_token_id in config.json, generation_config.json or tokenizer_config.json",
         )
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     for tid in [*eos, *([bos] if bos is not None else [])]:

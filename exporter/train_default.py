@@ -34,7 +34,8 @@ def stdlib_files() -> list[Path]:
 
 
 def split_corpus(files: list[Path]) -> tuple[list[str], list[str]]:
-    train, heldout = [], []
+    train: list[str] = []
+    heldout: list[str] = []
     for i, path in enumerate(files):
         text = path.read_text(encoding="utf-8", errors="replace")
         (heldout if i % HELDOUT_EVERY == 0 else train).append(text)
@@ -97,14 +98,24 @@ def main() -> None:
     train_texts, heldout_texts = split_corpus(stdlib_files())
     tok = train_tokenizer(train_texts, opts.vocab_size)
     train_ids, heldout_ids = encode_all(tok, train_texts), encode_all(tok, heldout_texts)
-    print(f"corpus: {len(train_ids):,} train tokens, {len(heldout_ids):,} held-out tokens "
-          f"({time.time() - t0:.0f} s)", flush=True)
+    print(
+        f"corpus: {len(train_ids):,} train tokens, {len(heldout_ids):,} held-out tokens "
+        f"({time.time() - t0:.0f} s)",
+        flush=True,
+    )
 
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=704,
-        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-        max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS),
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tok.token_to_id(BOS),
+        eos_token_id=tok.token_to_id(EOS),
     )
     model = LlamaForCausalLM(config)
     model.train()
@@ -126,27 +137,35 @@ def main() -> None:
         loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
         step += 1
         if step % 50 == 0:
-            print(f"step {step} loss {loss_ema:.3f} lr {opts.lr * lr_scale:.2e} "
-                  f"({time.time() - start:.0f} s)", flush=True)
+            print(
+                f"step {step} loss {loss_ema:.3f} lr {opts.lr * lr_scale:.2e} ({time.time() - start:.0f} s)",
+                flush=True,
+            )
 
     train_loss = evaluate(model, train_ids, opts.seq_len, 64)
     heldout_loss = evaluate(model, heldout_ids, opts.seq_len, 64)
     opts.out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(opts.out)
+    model.to(torch.bfloat16).save_pretrained(opts.out)  # type: ignore[arg-type]
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS)
     fast.save_pretrained(opts.out)
     heldout_text = "".join(heldout_texts)[:24_000]
     (opts.out / "heldout.txt").write_text(heldout_text, encoding="utf-8")
     report = {
         "corpus": f"CPython {platform.python_version()} standard library (*.py), "
-                  f"every {HELDOUT_EVERY}th file held out",
-        "train_tokens": len(train_ids), "heldout_tokens": len(heldout_ids),
-        "steps": step, "batch_size": opts.batch_size, "seq_len": opts.seq_len,
-        "tokens_seen": step * opts.batch_size * opts.seq_len, "minutes": opts.minutes,
-        "train_loss": round(train_loss, 4), "heldout_loss": round(heldout_loss, 4),
+        f"every {HELDOUT_EVERY}th file held out",
+        "train_tokens": len(train_ids),
+        "heldout_tokens": len(heldout_ids),
+        "steps": step,
+        "batch_size": opts.batch_size,
+        "seq_len": opts.seq_len,
+        "tokens_seen": step * opts.batch_size * opts.seq_len,
+        "minutes": opts.minutes,
+        "train_loss": round(train_loss, 4),
+        "heldout_loss": round(heldout_loss, 4),
         "heldout_perplexity": round(math.exp(heldout_loss), 3),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "torch": torch.__version__, "seed": opts.seed,
+        "torch": torch.__version__,
+        "seed": opts.seed,
     }
     (opts.out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model import Attention, Transformer
+from .model import Attention, KVCache, Transformer
 
 
 def load_custom_ops() -> None:
@@ -14,22 +14,13 @@ def load_custom_ops() -> None:
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
 
 
-class CustomKVCache(nn.Module):
+class CustomKVCache(KVCache):
     """Cache in the [B, S, K, D] layout that ``llama::update_cache`` and ``llama::custom_sdpa`` use."""
 
-    def __init__(self, n_kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.shape = (1, max_seq_len, n_kv_heads, head_dim)
-        self.dtype = dtype
-        self.init_buffers()
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        return (1, self.max_seq_len, self.n_kv_heads, self.head_dim)
 
-    def init_buffers(self) -> None:
-        self.register_buffer("k_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(self.shape, dtype=self.dtype), persistent=False)
-
-    def update(
-        self, start_pos: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, T, K, D] -> whole caches [B, S, K, D]."""
         torch.ops.llama.update_cache(k, self.k_cache, start_pos)
         torch.ops.llama.update_cache(v, self.v_cache, start_pos)
@@ -40,9 +31,7 @@ class CustomSDPA(nn.Module):
     """``llama::custom_sdpa``: causal from ``start_pos``, grouped-query heads handled by the kernel,
     so there is no mask buffer and no repeated K/V."""
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
         """q [B, T, H, D]; k, v [B, S, K, D] -> [B, T, H*D]."""
         bsz, seq_len, _, _ = q.shape
         y = torch.ops.llama.custom_sdpa(q, k, v, start_pos, None, 0.0, True)
@@ -54,8 +43,8 @@ def replace_sdpa_with_custom_sdpa(model: Transformer) -> Transformer:
     for module in model.modules():
         if isinstance(module, Attention):
             old = module.kv_cache
-            n_kv, seq, head_dim = old.shape[1], old.shape[2], old.shape[3]
-            module.kv_cache = CustomKVCache(n_kv, head_dim, seq, old.dtype)
+            assert type(old) is KVCache, "custom SDPA replaces the default cache only"
+            module.kv_cache = CustomKVCache(old.n_kv_heads, old.head_dim, old.max_seq_len, old.dtype)
             module.sdpa = CustomSDPA()
     return model
 

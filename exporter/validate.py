@@ -57,7 +57,7 @@ def compare_greedy(
         ref = greedy(eager, prompt, steps)
         got = follow(artifact, prompt, ref.tokens)
         argmax = got.argmax(-1).tolist()
-        same = next((i for i, (a, b) in enumerate(zip(argmax, ref.tokens)) if a != b), steps)
+        same = next((i for i, (a, b) in enumerate(zip(argmax, ref.tokens, strict=True)) if a != b), steps)
         per_prompt.append(
             {
                 "prompt_tokens": len(prompt),
@@ -100,8 +100,7 @@ def validate(
         )
     if artifact_fig["top1_agreement"] < settings.min_top1_agreement:
         failures.append(
-            f"top-1 agreement with fp32 {artifact_fig['top1_agreement']:.4f} < "
-            f"{settings.min_top1_agreement}"
+            f"top-1 agreement with fp32 {artifact_fig['top1_agreement']:.4f} < {settings.min_top1_agreement}"
         )
     if ratio > settings.max_perplexity_ratio:
         failures.append(f"perplexity ratio to fp32 {ratio:.4f} > {settings.max_perplexity_ratio}")

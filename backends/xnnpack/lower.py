@@ -44,9 +44,7 @@ class XnnpackBackend:
         )
         out.write_bytes(et.buffer)
         plan = next(p for p in et.executorch_program.execution_plan if p.name == "forward")
-        operators = sorted(
-            {f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators}
-        )
+        operators = sorted({f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators})
         delegated = info.num_delegated_nodes
         total = delegated + info.num_non_delegated_nodes
         return Lowered(

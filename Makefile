@@ -1,0 +1,47 @@
+# `make export` and `make test` are the whole set-up on a fresh machine: the first target that
+# needs the virtual environment creates it and installs the project into it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+MODEL  ?=
+OUT    ?= artifacts
+BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
+
+.PHONY: export android ios linux-arm64 reference test test-fast lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# Default device targets for the shipped model (or MODEL=<checkpoint folder>).
+export: android ios linux-arm64
+
+android: $(VENV)/.installed
+	$(BUILD) android-arm64
+
+ios: $(VENV)/.installed
+	$(BUILD) ios-arm64
+
+linux-arm64: $(VENV)/.installed
+	$(BUILD) linux-arm64
+
+reference: $(VENV)/.installed
+	$(BUILD) reference-fp32
+
+# Everything, slow end-to-end builds included.
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check exporter backends tests
+	$(BIN)/ruff format --check exporter backends tests
+	$(BIN)/mypy
+
+clean:
+	find $(OUT) -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

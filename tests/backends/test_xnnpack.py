@@ -1,0 +1,78 @@
+"""XNNPACK lowering on tiny seeded models: what stays outside the delegate, and runtime == eager."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends import get_backend
+from exporter.checkpoint import load_model, open_checkpoint
+from exporter.pipeline import export_program, transform_for
+from exporter.quantize import quantize_model
+from exporter.recipe import load_recipe
+from exporter.runtime import eager_stepper, follow, greedy, native_logs_captured
+
+# Everything else (every matmul in particular) must run inside the XNNPACK delegate.
+ALLOWED_OUTSIDE = {
+    "aten::_local_scalar_dense",  # input_pos[0].item()
+    "aten::embedding.out",  # fp32 embedding (reference recipe)
+    "aten::sym_size.int",
+    "aten::mean.out",  # RMSNorm's mean over the last dim of a 3-D tensor
+    "aten::select_copy.int_out",
+    "aten::slice_copy.Tensor_out",
+    "aten::unsqueeze_copy.out",
+    "executorch_prim::add.Scalar",
+    "executorch_prim::et_view.default",
+    "llama::custom_sdpa.out",
+    "llama::update_cache.out",
+    "quantized_decomposed::embedding_4bit.out",
+}
+
+
+@pytest.fixture(scope="module", params=["android-arm64", "reference-fp32"])
+def lowered(request: pytest.FixtureRequest, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    recipe = load_recipe(request.param, ("export.max_seq_len=64",))
+    model = load_model(open_checkpoint(tiny_checkpoint), recipe.export.max_seq_len)
+    quantize_model(model, recipe.quantization)
+    module = transform_for(recipe, model)
+    backend = get_backend("xnnpack")
+    meta = {"get_max_seq_len": 64, "get_vocab_size": 4096, "use_kv_cache": True}
+    out = tmp_path_factory.mktemp("pte") / "model.pte"
+    result = backend.lower(export_program(module, 64), meta, out)
+    return recipe, module, backend, result
+
+
+def test_nothing_unexpected_outside_the_delegate(lowered) -> None:  # type: ignore[no-untyped-def]
+    _, _, _, result = lowered
+    ops = set(result.runtime["operators_outside_delegate"])
+    assert result.runtime["delegates"] == ["XnnpackBackend"]
+    assert ops <= ALLOWED_OUTSIDE, ops - ALLOWED_OUTSIDE
+    assert not any("linear" in op or "mm" in op for op in ops)
+
+
+def test_constant_methods_are_in_the_program(lowered) -> None:  # type: ignore[no-untyped-def]
+    _, _, _, result = lowered
+    assert {"forward", "get_max_seq_len", "get_vocab_size", "use_kv_cache"} <= set(result.runtime["methods"])
+
+
+def test_runtime_matches_eager(lowered) -> None:  # type: ignore[no-untyped-def]
+    recipe, module, backend, result = lowered
+    prompt = [0, 17, 99, 1024, 5]
+    eager = greedy(eager_stepper(module), prompt, 32)
+    with native_logs_captured():
+        got = follow(backend.load(result.path), prompt, eager.tokens)
+    assert got.argmax(-1).tolist() == eager.tokens
+    tol = 1e-3 if recipe.quantization.linear is None else 0.1
+    assert (got - eager.logits).abs().max().item() < tol
+
+
+def test_dynamic_prompt_length(lowered) -> None:  # type: ignore[no-untyped-def]
+    _, _, backend, result = lowered
+    with native_logs_captured():
+        step = backend.load(result.path)
+        for length in (1, 9, 64):
+            tokens = torch.arange(length)[None] % 4096
+            logits = step(tokens, torch.tensor([0]))
+            assert logits.shape == (1, 4096)

@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny seeded checkpoints that Hugging Face transformers itself writes."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from exporter.pipeline import DEFAULT_CHECKPOINT
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "vocab_size": 4096,  # the shipped tokenizer's, so tiny models can be tokenized and played
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+
+def write_hf_checkpoint(
+    folder: Path,
+    family: str = "llama",
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: str | None = None,
+    seed: int = 0,
+    **overrides: Any,
+) -> Path:
+    """``save_pretrained`` of a randomly initialised (seeded) transformers model + shipped tokenizer."""
+    import transformers
+
+    classes = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }
+    config_cls, model_cls = classes[family]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**TINY, **overrides})).to(dtype).eval()
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(folder, **kwargs)
+    for name in ("tokenizer.json", "tokenizer_config.json", "heldout.txt"):
+        shutil.copyfile(DEFAULT_CHECKPOINT / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    def make(name: str = "tiny", **kwargs: Any) -> Path:
+        return write_hf_checkpoint(tmp_path_factory.mktemp("ckpt") / name, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(make_checkpoint: Callable[..., Path]) -> Path:
+    return make_checkpoint("tiny-llama")
+
+
+@pytest.fixture
+def tiny_copy(tiny_checkpoint: Path, tmp_path: Path) -> Path:
+    """A private copy a test may damage."""
+    return Path(shutil.copytree(tiny_checkpoint, tmp_path / "tiny-llama"))

@@ -1,0 +1,117 @@
+"""End-to-end builds (slow): every shipped recipe on the shipped model, played through ExecuTorch's
+TextLLMRunner and compared with the eager model; failed builds publish nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from exporter.checkpoint import load_model, open_checkpoint
+from exporter.errors import ValidationError
+from exporter.pipeline import DEFAULT_CHECKPOINT, build, transform_for
+from exporter.play import generate
+from exporter.quantize import quantize_model
+from exporter.recipe import list_recipes, load_recipe
+from exporter.runtime import eager_stepper, greedy
+from exporter.tokenizer import encode, load_tokenizer, tokenizer_info
+
+RECIPES = [p.stem for p in list_recipes()]
+PROMPT = "def main("
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("artifacts")
+
+
+@pytest.fixture(scope="session")
+def built(artifacts: Path) -> dict[str, Path]:
+    return {name: build(name, out=artifacts) for name in RECIPES}
+
+
+def eager_greedy_text(recipe_name: str, steps: int) -> str:
+    recipe = load_recipe(recipe_name)
+    ckpt = open_checkpoint(DEFAULT_CHECKPOINT)
+    model = load_model(ckpt, recipe.export.max_seq_len)
+    quantize_model(model, recipe.quantization)
+    module = transform_for(recipe, model)
+    tok = load_tokenizer(ckpt.tokenizer_path)
+    ids = encode(tok, tokenizer_info(ckpt.path, ckpt.config, tok), PROMPT)
+    return str(tok.decode(greedy(eager_stepper(module), ids, steps).tokens))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RECIPES)
+def test_artifact_folder_is_complete(built: dict[str, Path], name: str) -> None:
+    folder = built[name]
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.pte", "tokenizer.json"]
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m["schema_version"] == 1 and m["recipe"]["name"] == name
+    assert m["validation"]["passed"] and m["validation"]["vs_eager"]["greedy_tokens_identical_min"] >= 32
+    assert m["artifact"]["size_bytes"] == (folder / "model.pte").stat().st_size
+    assert m["tokenizer"]["bos_id"] == 0 and m["tokenizer"]["eos_ids"] == [1]
+    assert m["runtime"]["constant_methods"]["get_eos_ids"] == [1]
+    assert set(m["timings"]) == {"load", "reference", "quantize", "export", "lower", "validate"}
+    if name != "reference-fp32":
+        assert "quantized_decomposed::embedding_4bit.out" in m["runtime"]["operators_outside_delegate"]
+        assert m["artifact"]["bits_per_parameter"] < 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RECIPES)
+def test_text_llm_runner_plays_what_eager_decodes(built: dict[str, Path], name: str) -> None:
+    result = generate(built[name], PROMPT, max_new_tokens=32)
+    assert result.decode_tokens > 0 and result.decode_tokens_per_s > 0
+    expected = eager_greedy_text(name, 32)
+    # The runner stops at EOS; everything it printed must be the eager greedy text.
+    assert result.text and expected.startswith(result.text)
+
+
+@pytest.mark.slow
+def test_default_model_writes_python(built: dict[str, Path]) -> None:
+    text = generate(built["android-arm64"], PROMPT, max_new_tokens=48).text
+    assert ")" in text and ":" in text and "\n    " in text, text
+
+
+@pytest.mark.slow
+def test_failed_validation_publishes_nothing(built: dict[str, Path], artifacts: Path) -> None:
+    target = built["android-arm64"]
+    before = (target / "manifest.json").read_bytes()
+    with pytest.raises(ValidationError, match="validation failed, nothing published"):
+        build("android-arm64", out=artifacts, overrides=("validation.max_logit_abs_diff=1e-9",))
+    assert (target / "manifest.json").read_bytes() == before
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.slow
+def test_interrupted_build_leaves_no_partial_artifact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupt(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("exporter.pipeline.export_program", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        build("reference-fp32", out=tmp_path)
+    model_dir = tmp_path / DEFAULT_CHECKPOINT.name
+    assert list(model_dir.iterdir()) == []
+
+
+def test_tiny_checkpoint_other_than_default_builds(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    shutil.copytree(tiny_checkpoint, tmp_path / "ck")
+    # Random weights: validate against eager only loosely on fp32 text agreement.
+    folder = build(
+        "reference-fp32",
+        checkpoint=tmp_path / "ck",
+        out=tmp_path / "out",
+        overrides=("export.max_seq_len=128", "validation.eval_tokens=64"),
+    )
+    m = json.loads((folder / "manifest.json").read_text())
+    assert folder == tmp_path / "out" / "ck" / "reference-fp32"
+    assert m["model"]["parameters"] == open_checkpoint(tmp_path / "ck").args.parameter_count()
+    assert m["validation"]["vs_eager"]["max_logit_abs_diff"] < 1e-3
+    assert torch.isfinite(torch.tensor(m["validation"]["vs_fp32"]["artifact"]["perplexity"]))

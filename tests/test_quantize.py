@@ -1,0 +1,50 @@
+"""Quantization goes through torchao and covers every linear layer (head included) and the embedding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exporter.checkpoint import load_model, open_checkpoint
+from exporter.quantize import quantize_model
+from exporter.recipe import load_recipe
+
+
+def _quantized(ckpt_dir: Path, *overrides: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    ckpt = open_checkpoint(ckpt_dir)
+    fp32 = load_model(ckpt, 32)
+    quant = quantize_model(load_model(ckpt, 32), load_recipe("android-arm64", overrides).quantization)
+    return fp32, quant
+
+
+def test_every_linear_and_the_embedding_become_torchao_tensors(tiny_checkpoint: Path) -> None:
+    _, model = _quantized(tiny_checkpoint)
+    weights = {name: m.weight for name, m in model.named_modules() if isinstance(m, nn.Linear | nn.Embedding)}
+    assert "output" in weights and "tok_embeddings" in weights
+    for name, w in weights.items():
+        assert type(w).__module__.startswith("torchao"), f"{name} is {type(w).__name__}"
+
+
+def test_tied_embedding_is_untied_before_quantization(make_checkpoint) -> None:  # type: ignore[no-untyped-def]
+    _, model = _quantized(make_checkpoint("tied", tie_word_embeddings=True))
+    assert model.output.weight is not model.tok_embeddings.weight
+
+
+def test_quantized_model_stays_close_to_fp32(tiny_checkpoint: Path) -> None:
+    fp32, quant = _quantized(tiny_checkpoint)
+    tokens = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = fp32(tokens, torch.tensor([0])), quant(tokens, torch.tensor([0]))
+    cos = F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+    assert 0.98 < cos < 1.0  # changed (really quantized) but close
+
+
+def test_scale_algorithm_is_a_recipe_setting(tiny_checkpoint: Path) -> None:
+    _, affine = _quantized(tiny_checkpoint, "quantization.linear.scale_algorithm='affine'")
+    _, hqq = _quantized(tiny_checkpoint, "quantization.linear.scale_algorithm='hqq_scale_only'")
+    w_affine = affine.layers[0].attention.wq.weight.dequantize()
+    w_hqq = hqq.layers[0].attention.wq.weight.dequantize()
+    assert not torch.equal(w_affine, w_hqq)

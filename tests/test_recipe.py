@@ -1,0 +1,109 @@
+"""Every shipped recipe loads; malformed recipes fail with the file and the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.checkpoint import open_checkpoint
+from exporter.errors import RecipeError
+from exporter.recipe import check_fits, list_recipes, load_recipe
+
+SHIPPED = ["android-arm64", "ios-arm64", "linux-arm64", "reference-fp32"]
+
+
+def test_shipped_recipes_present() -> None:
+    assert set(SHIPPED) <= {p.stem for p in list_recipes()}
+
+
+@pytest.mark.parametrize("path", list_recipes(), ids=lambda p: p.stem)
+def test_every_recipe_loads_and_fits_default_model(path: Path) -> None:
+    recipe = load_recipe(str(path))
+    assert recipe.name == path.stem
+    from exporter.pipeline import DEFAULT_CHECKPOINT
+
+    check_fits(recipe, open_checkpoint(DEFAULT_CHECKPOINT).args, path)
+
+
+@pytest.mark.parametrize("name", ["android-arm64", "ios-arm64", "linux-arm64"])
+def test_device_recipes_are_8da4w_group32_with_quantized_embedding(name: str) -> None:
+    r = load_recipe(name)
+    assert r.backend == "xnnpack" and r.export.custom_sdpa
+    assert r.quantization.linear is not None and r.quantization.linear.scheme == "8da4w"
+    assert r.quantization.linear.group_size == 32
+    assert r.quantization.embedding is not None and r.quantization.embedding.group_size == 32
+
+
+def test_reference_is_unquantized() -> None:
+    r = load_recipe("reference-fp32")
+    assert r.quantization.linear is None and r.quantization.embedding is None
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return str(path)
+
+
+BASE = 'name = "bad"\nbackend = "xnnpack"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (BASE + "colour = 3\n", "unknown key 'colour'"),
+        (BASE + "[export]\nmax_seq_len = '512'\n", "export.max_seq_len: expected int"),
+        (BASE + "[export]\nmax_seq_len = -4\n", "export.max_seq_len: must be > 0"),
+        (
+            BASE + "[quantization.linear]\ngroup_size = 32\nbits = 4\n",
+            "unknown key 'quantization.linear.bits'",
+        ),
+        (BASE + "[quantization.linear]\nscheme = 'int3'\n", "quantization.linear.scheme: must be one of"),
+        (BASE + "[quantization.embedding]\nbits = 5\n", "quantization.embedding.bits: must be one of"),
+        (BASE + "[validation]\ngreedy_steps = 8\n", "validation.greedy_steps: must be >= 32"),
+        (BASE + "[validation]\nprompts = 'def'\n", "validation.prompts: expected a list of strings"),
+        ('name = "bad"\nbackend = "tflite"\n', "backend: must be one of"),
+        ('backend = "xnnpack"\n', "required key name missing"),
+        (BASE + "[export\n", "not valid TOML"),
+    ],
+)
+def test_bad_recipe_names_file_and_key(tmp_path: Path, text: str, words: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(_write(tmp_path, text))
+    assert info.value.path is not None and info.value.path.name == "bad.toml"
+    assert words in info.value.message
+
+
+def test_missing_recipe_lists_shipped_ones() -> None:
+    with pytest.raises(RecipeError, match=r"recipe not found.*android-arm64"):
+        load_recipe("no-such-device")
+
+
+def test_set_overrides_are_checked_like_the_file() -> None:
+    r = load_recipe("android-arm64", ("quantization.linear.group_size=64", "export.max_seq_len=256"))
+    assert r.quantization.linear is not None and r.quantization.linear.group_size == 64
+    assert r.export.max_seq_len == 256
+    with pytest.raises(RecipeError, match=r"quantization\.linear\.group_size: expected int"):
+        load_recipe("android-arm64", ("quantization.linear.group_size=big",))
+    with pytest.raises(RecipeError, match=r"unknown key .export\.speed."):
+        load_recipe("android-arm64", ("export.speed=11",))
+
+
+def test_group_size_must_divide_every_layer(tiny_checkpoint: Path) -> None:
+    args = open_checkpoint(tiny_checkpoint).args  # hidden 64, intermediate 128
+    r = load_recipe("android-arm64", ("quantization.linear.group_size=48",))
+    with pytest.raises(RecipeError, match="group_size: 48 does not divide the input size 64"):
+        check_fits(r, args, Path("android-arm64.toml"))
+    r = load_recipe("android-arm64", ("quantization.embedding.group_size=128",))
+    with pytest.raises(RecipeError, match=r"embedding\.group_size: 128 does not divide"):
+        check_fits(r, args, Path("android-arm64.toml"))
+    r = load_recipe("android-arm64", ("export.max_seq_len=4096",))
+    with pytest.raises(RecipeError, match=r"exceeds the model.s max_position_embeddings 512"):
+        check_fits(r, args, Path("android-arm64.toml"))
+
+
+def test_digest_changes_with_content() -> None:
+    a = load_recipe("android-arm64")
+    b = load_recipe("android-arm64", ("quantization.linear.group_size=64",))
+    assert a.digest() == load_recipe("android-arm64").digest() != b.digest()

@@ -1,0 +1,34 @@
+"""Each source transform is compared with the module it replaces."""
+
+from __future__ import annotations
+
+import torch
+
+from exporter.model import Transformer
+from exporter.transforms import LastTokenLogits, replace_sdpa_with_custom_sdpa
+from tests.test_model import ARGS, seeded_model
+
+
+def _prefill_then_decode(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = [model(tokens[:, :7], torch.tensor([0]))]
+        out += [model(tokens[:, i : i + 1], torch.tensor([i])) for i in range(7, tokens.shape[1])]
+    return torch.cat([o.reshape(1, -1, ARGS.vocab_size) for o in out], 1)
+
+
+def test_custom_sdpa_matches_default_attention() -> None:
+    tokens = torch.randint(0, ARGS.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    expected = _prefill_then_decode(seeded_model(), tokens)
+    custom: Transformer = replace_sdpa_with_custom_sdpa(seeded_model())
+    assert not any(hasattr(m, "mask") for m in custom.modules())  # no mask buffer left
+    torch.testing.assert_close(_prefill_then_decode(custom, tokens), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_last_token_logits_is_the_last_row() -> None:
+    model = seeded_model()
+    tokens = torch.randint(0, ARGS.vocab_size, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(tokens, torch.tensor([0]))
+        model.reset_cache()
+        last = LastTokenLogits(model)(tokens, torch.tensor([0]))
+    torch.testing.assert_close(last, full[:, -1, :])
