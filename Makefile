@@ -7,7 +7,7 @@ MODEL  ?=
 OUT    ?= artifacts
 BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
 
-.PHONY: export android ios linux-arm64 reference test test-fast lint clean
+.PHONY: export android ios linux-arm64 reference server test test-fast lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ linux-arm64: $(VENV)/.installed
 reference: $(VENV)/.installed
 	$(BUILD) reference-fp32
 
+# x86 server targets (AOTInductor .pt2) and the reference C++ consumer.
+server: $(VENV)/.installed
+	$(BUILD) server-x86-int4
+	$(BUILD) server-x86-fp32
+	$(MAKE) -C backends/aoti PYTHON=$(abspath $(BIN)/python)
+
 # Everything, slow end-to-end builds included.
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
@@ -44,4 +50,4 @@ lint: $(VENV)/.installed
 
 clean:
 	find $(OUT) -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
-	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build backends/aoti/build .pytest_cache .mypy_cache .ruff_cache

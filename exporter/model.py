@@ -146,27 +146,16 @@ class KVCache(nn.Module):
 
 
 class SDPA(nn.Module):
-    """Causal attention of T new queries over the whole cache; the mask hides positions not yet written."""
-
-    mask: torch.Tensor
-
-    def __init__(self, n_heads: int, n_kv_heads: int, max_seq_len: int) -> None:
-        super().__init__()
-        self.n_rep = n_heads // n_kv_heads
-        self.max_seq_len = max_seq_len
-        self.init_buffers()
-
-    def init_buffers(self) -> None:
-        mask = torch.full((self.max_seq_len, self.max_seq_len), float("-inf")).triu(1)
-        self.register_buffer("mask", mask, persistent=False)
+    """Causal attention of T new queries over the whole cache. The mask is computed from positions,
+    not stored: a [S, S] buffer per layer would be the largest constant of a small model."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
         """q [B, T, H, D]; k, v [B, K, S, D] -> [B, T, H*D]."""
         bsz, seq_len, _, _ = q.shape
-        mask = self.mask.narrow(0, start_pos, seq_len).to(q.dtype)  # [T, S]
-        k = k.repeat_interleave(self.n_rep, dim=1)
-        v = v.repeat_interleave(self.n_rep, dim=1)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask)
+        q_pos = torch.arange(seq_len, device=q.device) + start_pos
+        k_pos = torch.arange(k.shape[2], device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]  # [T, S], True = may attend
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True)
         return y.transpose(1, 2).reshape(bsz, seq_len, -1)
 
 
@@ -182,7 +171,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.kv_cache: KVCache = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
-        self.sdpa: nn.Module = SDPA(args.n_heads, args.n_kv_heads, max_seq_len)
+        self.sdpa: nn.Module = SDPA()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int) -> torch.Tensor:
         bsz, seq_len, _ = x.shape

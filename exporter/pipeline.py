@@ -32,13 +32,14 @@ from .recipe import Recipe, check_fits, load_recipe, recipe_path
 from .runtime import eager_stepper, native_logs_captured
 from .tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
 from .transforms import LastTokenLogits, replace_sdpa_with_custom_sdpa
-from .validate import Reference, fp32_reference, validate
+from .validate import fp32_reference, validate
 
 log = logging.getLogger("exporter")
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "pycode-4m"
 DEFAULT_OUT = Path("artifacts")
 HELDOUT = "heldout.txt"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def peak_rss_mb() -> float:
@@ -111,11 +112,28 @@ def heldout_ids(inputs: BuildInputs, n_tokens: int) -> tuple[list[int], str]:
 
 
 def export_program(module: torch.nn.Module, max_seq_len: int) -> torch.export.ExportedProgram:
-    """``forward(tokens int64[1, T], input_pos int64[1])`` with T dynamic in [1, max_seq_len]."""
-    seq = torch.export.Dim("seq", min=1, max=max_seq_len)
+    """``forward(tokens int64[1, T], input_pos int64[1])`` with T dynamic in [1, max_seq_len - 1].
+
+    One below the cache length, as ExecuTorch's own export does: the bound T == max_seq_len trips
+    a shape guard in torchao's int4 CPU path, and a full-length prompt leaves no room to decode."""
+    seq = torch.export.Dim("seq", min=1, max=max_seq_len - 1)
     example = (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0]))
     with torch.no_grad():
         return torch.export.export(module, example, dynamic_shapes=({1: seq}, None), strict=False)
+
+
+def weight_bytes(program: torch.export.ExportedProgram) -> int:
+    """Bytes of the program's parameters as stored (quantized tensors count their packed parts)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    total = 0
+    for name in program.graph_signature.parameters:
+        t = program.state_dict[name]
+        if is_traceable_wrapper_subclass(t):
+            total += sum(getattr(t, inner).nbytes for inner in t.__tensor_flatten__()[0])
+        else:
+            total += t.nbytes
+    return total
 
 
 def constant_methods(inputs: BuildInputs) -> dict[str, Any]:
@@ -136,7 +154,10 @@ def constant_methods(inputs: BuildInputs) -> dict[str, Any]:
     return methods
 
 
-def transform_for(recipe: Recipe, model: Transformer) -> torch.nn.Module:
+def prepare_module(recipe: Recipe, model: Transformer) -> torch.nn.Module:
+    """fp32 eager model -> the module that is exported: compute dtype, quantization, transforms."""
+    model.to(DTYPES[recipe.export.dtype])
+    quantize_model(model, recipe.quantization)
     if recipe.export.custom_sdpa:
         replace_sdpa_with_custom_sdpa(model)
     return LastTokenLogits(model).eval()
@@ -170,10 +191,10 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
         ids, heldout_source = heldout_ids(inputs, recipe.validation.eval_tokens)
         reference = fp32_reference(model, ids)
     with stage(timings, "quantize"):
-        quantize_model(model, recipe.quantization)
-        module = transform_for(recipe, model)
+        module = prepare_module(recipe, model)
     with stage(timings, "export"):
         program = export_program(module, recipe.export.max_seq_len)
+        weights = weight_bytes(program)
     with stage(timings, "lower"):
         lowered = backend.lower(program, constant_methods(inputs), staging / f"model{backend.suffix}")
     del program
@@ -189,7 +210,17 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
             "validation failed, nothing published: " + "; ".join(figures["failures"]),
         )
     shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")
-    return assemble_manifest(inputs, lowered.path, lowered.runtime, figures, timings, reference)
+    runtime = {**lowered.runtime, "weight_bytes": weights}
+    return assemble_manifest(inputs, lowered.path, runtime, figures, timings)
+
+
+def executorch_needs(runtime: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
+    if runtime.get("format") != "executorch-pte":
+        return {}
+    return {
+        "executorch_version": versions["executorch"],
+        "kernel_libraries": kernel_libraries(runtime.get("operators_outside_delegate", [])),
+    }
 
 
 def assemble_manifest(
@@ -198,12 +229,12 @@ def assemble_manifest(
     runtime: dict[str, Any],
     figures: dict[str, Any],
     timings: dict[str, Any],
-    reference: Reference,
 ) -> dict[str, Any]:
     recipe, ckpt, args = inputs.recipe, inputs.checkpoint, inputs.checkpoint.args
     size = model_file.stat().st_size
     params = args.parameter_count()
-    kv_bytes = 2 * args.n_layers * recipe.export.max_seq_len * args.n_kv_heads * args.head_dim * 4
+    item = DTYPES[recipe.export.dtype].itemsize
+    kv_bytes = 2 * args.n_layers * recipe.export.max_seq_len * args.n_kv_heads * args.head_dim * item
     versions = tool_versions()
     ckpt_files = [ckpt.path / "config.json", *ckpt.weight_files, ckpt.tokenizer_path]
     return {
@@ -213,6 +244,8 @@ def assemble_manifest(
             "sha256": sha256_file(model_file),
             "size_bytes": size,
             "bits_per_parameter": round(size * 8 / params, 3),
+            # the weights alone, as stored in the program (file size also holds code, cache, metadata)
+            "weight_bytes_per_parameter": round(runtime["weight_bytes"] / params, 4),
         },
         "model": {
             "name": ckpt.name,
@@ -231,11 +264,15 @@ def assemble_manifest(
         "tools": versions,
         "runtime": {
             **runtime,
-            "executorch_version": versions["executorch"],
-            "kernel_libraries": kernel_libraries(runtime.get("operators_outside_delegate", [])),
+            **executorch_needs(runtime, versions),
             "method": "forward",
             "inputs": [
-                {"name": "tokens", "dtype": "int64", "shape": [1, "T"], "T": [1, recipe.export.max_seq_len]},
+                {
+                    "name": "tokens",
+                    "dtype": "int64",
+                    "shape": [1, "T"],
+                    "T": [1, recipe.export.max_seq_len - 1],
+                },
                 {"name": "input_pos", "dtype": "int64", "shape": [1], "meaning": "position of tokens[0, 0]"},
             ],
             "outputs": [
@@ -251,7 +288,7 @@ def assemble_manifest(
                 "layout": "[1, max_seq_len, n_kv_heads, head_dim]"
                 if recipe.export.custom_sdpa
                 else "[1, n_kv_heads, max_seq_len, head_dim]",
-                "dtype": "float32",
+                "dtype": recipe.export.dtype,
                 "bytes": kv_bytes,
             },
             "max_seq_len": recipe.export.max_seq_len,

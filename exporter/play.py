@@ -1,5 +1,6 @@
 """Generate from an artifact in its own runtime: ``.pte`` through ExecuTorch's ``TextLLMRunner``,
-the runner Android and iOS apps use, so what we measure here is what an app gets."""
+the runner Android and iOS apps use, so what we measure here is what an app gets; ``.pt2`` through
+AOTInductor's package loader with the same greedy loop a server would run."""
 
 from __future__ import annotations
 
@@ -28,9 +29,65 @@ def generate(artifact_dir: Path, prompt: str, max_new_tokens: int) -> Generation
     for path in (model_file, tokenizer):
         if not path.is_file():
             raise ArtifactError(path, "listed in manifest.json but missing")
-    if manifest["artifact"]["format"] != "executorch-pte":
-        raise ArtifactError(model_file, f"cannot play format {manifest['artifact']['format']!r}")
-    return _run_text_llm_runner(model_file, tokenizer, prompt, max_new_tokens, manifest)
+    fmt = manifest["artifact"]["format"]
+    if fmt == "executorch-pte":
+        return _run_text_llm_runner(model_file, tokenizer, prompt, max_new_tokens, manifest)
+    if fmt == "aoti-pt2":
+        check_torch_matches(manifest, model_file)
+        return _run_pt2(model_file, tokenizer, prompt, max_new_tokens, manifest)
+    raise ArtifactError(model_file, f"cannot play format {fmt!r}")
+
+
+def check_torch_matches(manifest: dict[str, Any], model_file: Path) -> None:
+    """An AOTInductor package runs only with the torch it was compiled by: say so, don't crash."""
+    import torch
+
+    built = manifest["runtime"].get("torch_version")
+    if built != torch.__version__:
+        raise ArtifactError(
+            model_file, f"compiled with torch {built}, this environment has torch {torch.__version__}"
+        )
+
+
+def _run_pt2(
+    model_file: Path, tokenizer_file: Path, prompt: str, max_new_tokens: int, manifest: dict[str, Any]
+) -> Generation:
+    import time
+
+    import torch
+
+    from backends.aoti.lower import load_pt2
+
+    from .tokenizer import TokenizerInfo, encode, load_tokenizer
+
+    tok = load_tokenizer(tokenizer_file)
+    t = manifest["tokenizer"]
+    info = TokenizerInfo(
+        tokenizer_file, t["vocab_size"], t["bos_id"], tuple(t["eos_ids"]), t["add_bos"], None
+    )
+    ids = encode(tok, info, prompt)
+    budget = min(max_new_tokens, manifest["runtime"]["max_seq_len"] - len(ids))
+    if budget < 1:
+        raise ArtifactError(model_file, f"prompt of {len(ids)} tokens leaves no room in the context")
+    step = load_pt2(model_file)
+    start = time.perf_counter()
+    logits = step(torch.tensor([ids]), torch.tensor([0]))
+    prefill_s = time.perf_counter() - start
+    out = [int(logits[0].argmax())]
+    start = time.perf_counter()
+    while len(out) < budget and out[-1] not in info.eos_ids:
+        logits = step(torch.tensor([[out[-1]]]), torch.tensor([len(ids) + len(out) - 1]))
+        out.append(int(logits[0].argmax()))
+    decode_s = time.perf_counter() - start
+    shown = out[:-1] if out[-1] in info.eos_ids else out
+    return Generation(
+        text=str(tok.decode(shown)),
+        prefill_tokens=len(ids),
+        prefill_tokens_per_s=len(ids) / prefill_s,
+        decode_tokens=len(out),
+        # like TextLLMRunner's figure: tokens generated over the time after prefill
+        decode_tokens_per_s=(len(out) - 1) / decode_s if decode_s > 0 else float("nan"),
+    )
 
 
 def _run_text_llm_runner(

@@ -11,21 +11,31 @@ from .recipe import EmbeddingQuant, LinearQuant, Quantization
 
 
 def _linear_config(q: LinearQuant) -> object:
-    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
     from torchao.quantization.granularity import PerGroup
     from torchao.quantization.quantize_.workflows import IntxChooseQParamsAlgorithm
 
-    algorithm = IntxChooseQParamsAlgorithm(q.scale_algorithm)
-    if q.scheme == "8da4w":
-        return Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int4,  # type: ignore[attr-defined]
-            weight_granularity=PerGroup(q.group_size),
-            intx_choose_qparams_algorithm=algorithm,
-        )
-    return IntxWeightOnlyConfig(
+    if q.scheme == "int4_weight_only":
+        return _int4_cpu_config(q)
+    return Int8DynamicActivationIntxWeightConfig(
         weight_dtype=torch.int4,  # type: ignore[attr-defined]
-        granularity=PerGroup(q.group_size),
-        intx_choose_qparams_algorithm=algorithm,
+        weight_granularity=PerGroup(q.group_size),
+        intx_choose_qparams_algorithm=IntxChooseQParamsAlgorithm(q.scale_algorithm),
+    )
+
+
+def _int4_cpu_config(q: LinearQuant) -> object:
+    # The int4 path that is real on x86 with torchao 0.18 (see the AOTI backend's notes): weights
+    # packed for aten._weight_int4pack_mm_for_cpu, bf16 activations. Inductor settings stay in the
+    # backend, so torchao must not set them globally here.
+    from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization.quantize_.workflows import Int4ChooseQParamsAlgorithm
+
+    algorithm = {"affine": "tinygemm", "hqq": "hqq"}[q.scale_algorithm]
+    return PrototypeInt4WeightOnlyConfig(
+        group_size=q.group_size,
+        int4_choose_qparams_algorithm=Int4ChooseQParamsAlgorithm(algorithm),
+        set_inductor_config=False,
     )
 
 

@@ -22,8 +22,10 @@ from .model import ModelArgs
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 BACKENDS = ("xnnpack", "aoti")
+# 8da4w: int8 dynamic activations + int4 weights (XNNPACK). int4_weight_only: bf16 activations,
+# int4 weights packed for ATen's CPU tinygemm kernel (AOTInductor on x86 servers).
 LINEAR_SCHEMES = ("8da4w", "int4_weight_only")
-SCALE_ALGORITHMS = ("affine", "hqq_scale_only")
+SCALE_ALGORITHMS = {"8da4w": ("affine", "hqq_scale_only"), "int4_weight_only": ("affine", "hqq")}
 DTYPES = ("float32", "bfloat16")
 
 
@@ -65,7 +67,7 @@ class LinearQuant:
     def __post_init__(self) -> None:
         _one_of("scheme", self.scheme, LINEAR_SCHEMES)
         _positive("group_size", self.group_size)
-        _one_of("scale_algorithm", self.scale_algorithm, SCALE_ALGORITHMS)
+        _one_of("scale_algorithm", self.scale_algorithm, SCALE_ALGORITHMS[self.scheme])
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,15 @@ class Recipe:
         _one_of("backend", self.backend, BACKENDS)
         if self.backend == "aoti" and self.export.custom_sdpa:
             raise _Invalid("export.custom_sdpa", "is an ExecuTorch op; set it false for aoti")
+        linear = self.quantization.linear
+        if linear is not None:
+            wanted = {"8da4w": "xnnpack", "int4_weight_only": "aoti"}[linear.scheme]
+            if self.backend != wanted:
+                raise _Invalid("quantization.linear.scheme", f"{linear.scheme!r} needs backend {wanted!r}")
+            if linear.scheme == "int4_weight_only" and self.export.dtype != "bfloat16":
+                raise _Invalid("export.dtype", "int4_weight_only runs bf16 activations; set 'bfloat16'")
+        if self.backend == "aoti" and self.quantization.embedding is not None:
+            raise _Invalid("quantization.embedding", "no packed low-bit embedding kernel under aoti")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -43,7 +43,7 @@ def split_corpus(files: list[Path]) -> tuple[list[str], list[str]]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):  # type: ignore[no-untyped-def]
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -55,13 +55,19 @@ def train_tokenizer(texts: list[str], vocab_size: int):  # type: ignore[no-untyp
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    # BOS through the tokenizer's own template, so runners that follow tokenizer.json (ExecuTorch's
+    # HF tokenizer in TextLLMRunner) prepend it exactly as transformers does.
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
     return tok
 
 
 def encode_all(tok, texts: list[str]) -> torch.Tensor:  # type: ignore[no-untyped-def]
     eos = tok.token_to_id(EOS)
     ids: list[int] = []
-    for enc in tok.encode_batch(texts):
+    for enc in tok.encode_batch(texts, add_special_tokens=False):
         ids.extend(enc.ids)
         ids.append(eos)
     return torch.tensor(ids, dtype=torch.long)

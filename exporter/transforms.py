@@ -59,4 +59,4 @@ class LastTokenLogits(nn.Module):
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         h = self.model.hidden(tokens, input_pos)
-        return self.model.output(h[:, -1, :])
+        return self.model.output(h[:, -1, :]).float()  # fp32 logits whatever the compute dtype

@@ -20,7 +20,7 @@ def test_custom_sdpa_matches_default_attention() -> None:
     tokens = torch.randint(0, ARGS.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
     expected = _prefill_then_decode(seeded_model(), tokens)
     custom: Transformer = replace_sdpa_with_custom_sdpa(seeded_model())
-    assert not any(hasattr(m, "mask") for m in custom.modules())  # no mask buffer left
+    assert all(type(m.attention.kv_cache).__name__ == "CustomKVCache" for m in custom.layers)
     torch.testing.assert_close(_prefill_then_decode(custom, tokens), expected, atol=1e-5, rtol=1e-5)
 
 

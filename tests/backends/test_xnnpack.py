@@ -9,8 +9,7 @@ import torch
 
 from backends import get_backend
 from exporter.checkpoint import load_model, open_checkpoint
-from exporter.pipeline import export_program, transform_for
-from exporter.quantize import quantize_model
+from exporter.pipeline import export_program, prepare_module
 from exporter.recipe import load_recipe
 from exporter.runtime import eager_stepper, follow, greedy, native_logs_captured
 
@@ -35,8 +34,7 @@ ALLOWED_OUTSIDE = {
 def lowered(request: pytest.FixtureRequest, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     recipe = load_recipe(request.param, ("export.max_seq_len=64",))
     model = load_model(open_checkpoint(tiny_checkpoint), recipe.export.max_seq_len)
-    quantize_model(model, recipe.quantization)
-    module = transform_for(recipe, model)
+    module = prepare_module(recipe, model)
     backend = get_backend("xnnpack")
     meta = {"get_max_seq_len": 64, "get_vocab_size": 4096, "use_kv_cache": True}
     out = tmp_path_factory.mktemp("pte") / "model.pte"
@@ -72,7 +70,7 @@ def test_dynamic_prompt_length(lowered) -> None:  # type: ignore[no-untyped-def]
     _, _, backend, result = lowered
     with native_logs_captured():
         step = backend.load(result.path)
-        for length in (1, 9, 64):
+        for length in (1, 9, 63):
             tokens = torch.arange(length)[None] % 4096
             logits = step(tokens, torch.tensor([0]))
             assert logits.shape == (1, 4096)

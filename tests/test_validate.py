@@ -1,0 +1,63 @@
+"""The gate's arithmetic on synthetic steppers whose logits we choose."""
+
+from __future__ import annotations
+
+import torch
+
+from exporter.recipe import ValidationSettings
+from exporter.validate import Reference, compare_greedy, validate
+
+V = 8
+
+
+def stepper(bias: dict[int, torch.Tensor] | None = None):  # type: ignore[no-untyped-def]
+    """Logits depend only on the position of the last token: row p of a fixed table (+ bias)."""
+    table = torch.randn(64, V, generator=torch.Generator().manual_seed(0)) * 3
+
+    def step(tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        pos = int(input_pos[0]) + tokens.shape[1] - 1
+        row = table[pos].clone()
+        if bias and pos in bias:
+            row += bias[pos]
+        return row[None]
+
+    return step, table
+
+
+def test_identical_steppers_pass() -> None:
+    step, _ = stepper()
+    out = compare_greedy(step, step, [[1, 2, 3]], 32)
+    assert out["greedy_tokens_identical_min"] == 32 and out["mismatches_not_at_ties"] == 0
+    assert out["max_logit_abs_diff"] == 0
+
+
+def test_real_divergence_fails_and_tie_flip_is_recorded() -> None:
+    eager, table = stepper()
+    pos = 5  # prompt of 3 tokens: step i reads position 2 + i
+    top2 = table[pos].topk(2)
+    margin = (top2.values[0] - top2.values[1]).item()
+    swap = torch.zeros(V)
+    # Push the runner-up just past the winner: a flip with error > margin / 2 -> counted as a tie.
+    swap[top2.indices[1]] = margin * 0.6
+    swap[top2.indices[0]] = -margin * 0.6
+    tie = compare_greedy(stepper({pos: swap})[0], eager, [[1, 2, 3]], 32)
+    assert tie["greedy_tokens_identical_min"] == pos - 2
+    assert tie["mismatches_at_ties"] == 1 and tie["mismatches_not_at_ties"] == 0
+    big = torch.zeros(V)
+    big[top2.indices[1]] = margin + 10.0  # flips by a huge error on one logit only
+    real = compare_greedy(stepper({pos: big})[0], eager, [[1, 2, 3]], 32)
+    assert real["mismatches_at_ties"] == 1  # margin <= 2 * error: bounded by the logit tolerance
+    assert real["max_logit_abs_diff"] > 10
+
+
+def test_validate_reports_failures() -> None:
+    eager, table = stepper()
+    ids = [i % V for i in range(20)]
+    reference = Reference(ids, table[:19])
+    artifact, _ = stepper({i: torch.full((V,), 0.5) for i in range(64)})
+    strict = ValidationSettings(max_logit_abs_diff=0.1, min_top1_agreement=1.0, max_perplexity_ratio=1.0)
+    out = validate(artifact, eager, [[1, 2]], reference, strict)
+    assert not out["passed"]
+    assert any("max |logit - eager logit|" in f for f in out["failures"])
+    ok = validate(eager, eager, [[1, 2]], reference, strict)
+    assert ok["passed"], ok["failures"]
