@@ -7,7 +7,7 @@ MODEL  ?=
 OUT    ?= artifacts
 BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
 
-.PHONY: export android ios linux-arm64 reference server test test-fast lint clean
+.PHONY: export android ios linux-arm64 reference server bench bench-peer test test-fast lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,18 @@ server: $(VENV)/.installed
 	$(BUILD) server-x86-int4
 	$(BUILD) server-x86-fp32
 	$(MAKE) -C backends/aoti PYTHON=$(abspath $(BIN)/python)
+
+# Benchmark the built artifacts of MODEL against eager PyTorch (artifacts/bench/bench.{json,md,png}).
+bench: $(VENV)/.installed
+	$(BIN)/exporter bench $(wildcard $(OUT)/$(notdir $(or $(MODEL),pycode-4m))/*/) \
+	    $(if $(MODEL),--checkpoint $(MODEL)) --export android-arm64 --out $(OUT)/bench
+
+# Race ExecuTorch's own export_llm on the same checkpoint (SHAPES="smollm2-135m llama-3.2-1b" adds
+# random-weight checkpoints of those shapes; each takes many minutes on 2 cores).
+SHAPES ?=
+bench-peer: $(VENV)/.installed
+	$(BIN)/python -m exporter.peer $(if $(MODEL),--checkpoint $(MODEL)) \
+	    $(foreach s,$(SHAPES),--shape $(s)) --out $(OUT)/bench/peer
 
 # Everything, slow end-to-end builds included.
 test: $(VENV)/.installed

@@ -98,6 +98,62 @@ def inspect(artifact_dir: Path, as_json: bool) -> None:
             click.echo(f"{key:28} {value}")
 
 
+@main.command(name="eval")
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--text",
+    "text_file",
+    type=click.Path(path_type=Path),
+    help="Text to score (default: held-out text of the shipped model's corpus).",
+)
+@click.option(
+    "--checkpoint",
+    type=click.Path(path_type=Path),
+    help="Checkpoint the artifact was built from (default: shipped model).",
+)
+@click.option("--max-tokens", default=511, show_default=True, type=click.IntRange(1))
+def evaluate(artifact_dir: Path, text_file: Path | None, checkpoint: Path | None, max_tokens: int) -> None:
+    """Teacher-forced perplexity, top-1 agreement and KL of an artifact vs eager fp32 (JSON)."""
+    from .evaluate import evaluate as run_eval
+
+    click.echo(json.dumps(run_eval(artifact_dir, text_file, checkpoint, max_tokens), indent=2))
+
+
+@main.command(name="bench")
+@click.argument("artifact_dirs", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--prompt-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--decode-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1))
+@click.option("--eager/--no-eager", default=True, show_default=True, help="Also time eager PyTorch.")
+@click.option(
+    "--export",
+    "export_recipes",
+    multiple=True,
+    metavar="RECIPE",
+    help="Also build RECIPE and report per-stage export cost.",
+)
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="Checkpoint for eager rows and --export.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("artifacts/bench"), show_default=True)
+def bench_cmd(
+    artifact_dirs: tuple[Path, ...],
+    prompt_tokens: int,
+    decode_tokens: int,
+    repeats: int,
+    eager: bool,
+    export_recipes: tuple[str, ...],
+    checkpoint: Path | None,
+    out: Path,
+) -> None:
+    """Time artifacts against eager PyTorch; write bench.json, bench.md and bench.png."""
+    from .bench import bench, export_cost, markdown, write_report
+
+    report = bench(list(artifact_dirs), prompt_tokens, decode_tokens, repeats, eager, checkpoint)
+    report["export"] = [export_cost(r, checkpoint) for r in export_recipes]
+    paths = write_report(report, out)
+    click.echo(markdown(report))
+    click.echo("wrote " + ", ".join(map(str, paths)), err=True)
+
+
 @main.command()
 def recipes() -> None:
     """List the shipped recipes."""

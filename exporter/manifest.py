@@ -46,6 +46,17 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
+def check_torch_matches(manifest: dict[str, Any], model_file: Path) -> None:
+    """An AOTInductor package runs only with the torch it was compiled by: say so, don't crash."""
+    import torch
+
+    built = manifest["runtime"].get("torch_version")
+    if manifest["artifact"]["format"] == "aoti-pt2" and built != torch.__version__:
+        raise ArtifactError(
+            model_file, f"compiled with torch {built}, this environment has torch {torch.__version__}"
+        )
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():

@@ -43,6 +43,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident set, MB. VmHWM belongs to the address space, so unlike
+    ru_maxrss it does not carry a parent's peak across fork + exec (benchmark workers)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
@@ -122,18 +130,18 @@ def export_program(module: torch.nn.Module, max_seq_len: int) -> torch.export.Ex
         return torch.export.export(module, example, dynamic_shapes=({1: seq}, None), strict=False)
 
 
-def weight_bytes(program: torch.export.ExportedProgram) -> int:
-    """Bytes of the program's parameters as stored (quantized tensors count their packed parts)."""
+def stored_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor takes as stored; a quantized tensor subclass counts its packed parts."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    total = 0
-    for name in program.graph_signature.parameters:
-        t = program.state_dict[name]
-        if is_traceable_wrapper_subclass(t):
-            total += sum(getattr(t, inner).nbytes for inner in t.__tensor_flatten__()[0])
-        else:
-            total += t.nbytes
-    return total
+    if is_traceable_wrapper_subclass(t):
+        return sum(stored_bytes(getattr(t, inner)) for inner in t.__tensor_flatten__()[0])
+    return t.nbytes
+
+
+def weight_bytes(program: torch.export.ExportedProgram) -> int:
+    """Bytes of the program's parameters as stored."""
+    return sum(stored_bytes(program.state_dict[n]) for n in program.graph_signature.parameters)
 
 
 def constant_methods(inputs: BuildInputs) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArtifactError
-from .manifest import read_manifest
+from .manifest import check_torch_matches, read_manifest
 
 
 @dataclass(frozen=True)
@@ -36,17 +36,6 @@ def generate(artifact_dir: Path, prompt: str, max_new_tokens: int) -> Generation
         check_torch_matches(manifest, model_file)
         return _run_pt2(model_file, tokenizer, prompt, max_new_tokens, manifest)
     raise ArtifactError(model_file, f"cannot play format {fmt!r}")
-
-
-def check_torch_matches(manifest: dict[str, Any], model_file: Path) -> None:
-    """An AOTInductor package runs only with the torch it was compiled by: say so, don't crash."""
-    import torch
-
-    built = manifest["runtime"].get("torch_version")
-    if built != torch.__version__:
-        raise ArtifactError(
-            model_file, f"compiled with torch {built}, this environment has torch {torch.__version__}"
-        )
 
 
 def _run_pt2(

@@ -166,6 +166,11 @@ def load_recipe(name_or_path: str, overrides: tuple[str, ...] = ()) -> Recipe:
     return _build(Recipe, data, path, "")
 
 
+def recipe_from_dict(data: dict[str, Any], source: Path) -> Recipe:
+    """A resolved recipe as stored in a manifest, checked like a file."""
+    return _build(Recipe, data, source, "")  # type: ignore[no-any-return]
+
+
 def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
@@ -209,9 +214,9 @@ def _build(cls: type, data: Any, path: Path, prefix: str) -> Any:
 
 def _convert(hint: Any, value: Any, path: Path, key: str) -> Any:
     origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):  # `X | None`: the table may be absent
+    if origin in (types.UnionType, typing.Union):  # `X | None`: absent, or None in a manifest
         (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(inner, value, path, key)
+        return None if value is None else _convert(inner, value, path, key)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, path, key + ".")  # type: ignore[arg-type]
     if origin is tuple:

@@ -68,3 +68,14 @@ def tiny_checkpoint(make_checkpoint: Callable[..., Path]) -> Path:
 def tiny_copy(tiny_checkpoint: Path, tmp_path: Path) -> Path:
     """A private copy a test may damage."""
     return Path(shutil.copytree(tiny_checkpoint, tmp_path / "tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real (small) published artifact: reference-fp32 of the tiny checkpoint."""
+    from exporter.pipeline import build
+
+    overrides = ("export.max_seq_len=128", "validation.eval_tokens=64")
+    return build(
+        "reference-fp32", checkpoint=tiny_checkpoint, out=tmp_path_factory.mktemp("art"), overrides=overrides
+    )

@@ -1,0 +1,73 @@
+"""``exporter eval``: teacher-forced quality of an artifact in its own runtime, against eager fp32 on
+the same text: perplexity of both, top-1 agreement and mean KL(fp32 || artifact) per token."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from backends import get_backend
+
+from .checkpoint import digest_files, load_model, open_checkpoint
+from .errors import ArtifactError
+from .manifest import MANIFEST, check_torch_matches, read_manifest
+from .pipeline import DEFAULT_CHECKPOINT, HELDOUT
+from .runtime import native_logs_captured, score
+from .tokenizer import encode, load_tokenizer, tokenizer_info
+from .validate import distribution_figures, fp32_reference
+
+
+def evaluate(
+    artifact_dir: Path,
+    text_file: Path | None = None,
+    checkpoint: Path | None = None,
+    max_tokens: int = 511,
+) -> dict[str, Any]:
+    """Figures for ``artifact_dir``; also merged into its manifest under ``eval``."""
+    manifest = read_manifest(artifact_dir)
+    ckpt = open_checkpoint(checkpoint or DEFAULT_CHECKPOINT)
+    files = [ckpt.path / "config.json", *ckpt.weight_files, ckpt.tokenizer_path]
+    if digest_files(files) != manifest["model"]["checkpoint_sha256"]:
+        raise ArtifactError(
+            ckpt.path, f"is not the checkpoint {manifest['model']['name']!r} was built from (digest differs)"
+        )
+    text_path = text_file or ckpt.path / HELDOUT
+    if not text_path.is_file():
+        text_path = DEFAULT_CHECKPOINT / HELDOUT
+    try:
+        text = text_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArtifactError(text_path, f"cannot read text ({e})") from e
+    tok = load_tokenizer(ckpt.tokenizer_path)
+    limit = min(max_tokens, manifest["runtime"]["max_seq_len"] - 1)
+    ids = encode(tok, tokenizer_info(ckpt.path, ckpt.config, tok), text)[: limit + 1]
+    if len(ids) < 2:
+        raise ArtifactError(text_path, "text is too short to score (needs two tokens)")
+    reference = fp32_reference(load_model(ckpt, manifest["runtime"]["max_seq_len"]), ids)
+    model_file = Path(artifact_dir) / manifest["artifact"]["file"]
+    check_torch_matches(manifest, model_file)
+    backend = get_backend(manifest["recipe"]["resolved"]["backend"])
+    with native_logs_captured():
+        logits = score(backend.load(model_file), ids)
+    artifact = distribution_figures(logits, reference)
+    fp32 = distribution_figures(reference.logits, reference)
+    result = {
+        "text": str(text_path),
+        "tokens_scored": len(ids) - 1,
+        "artifact_perplexity": artifact["perplexity"],
+        "fp32_perplexity": fp32["perplexity"],
+        "perplexity_ratio": artifact["perplexity"] / fp32["perplexity"],
+        "top1_agreement": artifact["top1_agreement"],
+        "mean_kl": artifact["mean_kl"],
+    }
+    _merge_into_manifest(Path(artifact_dir), manifest, result)
+    return result
+
+
+def _merge_into_manifest(folder: Path, manifest: dict[str, Any], result: dict[str, Any]) -> None:
+    manifest["eval"] = result
+    tmp = folder / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, folder / MANIFEST)  # atomic: a reader sees the old or the new manifest

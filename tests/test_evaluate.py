@@ -1,0 +1,32 @@
+"""``exporter eval`` on a real artifact: figures in the artifact's runtime vs eager fp32."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from exporter.errors import ArtifactError
+from exporter.evaluate import evaluate
+
+
+def test_eval_scores_and_merges_into_manifest(
+    tiny_artifact: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 20)
+    result = evaluate(tiny_artifact, text, tiny_checkpoint, max_tokens=40)
+    assert result["tokens_scored"] == 40
+    # fp32 artifact: the same distribution as eager fp32
+    assert result["perplexity_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert result["top1_agreement"] == 1.0 and result["mean_kl"] < 1e-5
+    manifest = json.loads((tiny_artifact / "manifest.json").read_text())
+    assert manifest["eval"] == result
+
+
+def test_eval_refuses_another_checkpoint(tiny_artifact: Path, make_checkpoint: Callable[..., Path]) -> None:
+    other = make_checkpoint("other", seed=7)
+    with pytest.raises(ArtifactError, match="is not the checkpoint"):
+        evaluate(tiny_artifact, None, other)
