@@ -113,10 +113,10 @@ def write_meta_checkpoint(checkpoint: Path, out: Path) -> tuple[Path, Path]:
     return pth, params
 
 
-def run_timed(cmd: list[str]) -> dict[str, Any]:
+def run_timed(cmd: list[str], cwd: Path | None = None) -> dict[str, Any]:
     """Wall time and peak RSS of a command, from GNU time (its own RSS is a few MB)."""
     start = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, cwd=cwd)
     wall = time.perf_counter() - start
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
     if proc.returncode != 0 or m is None:
@@ -141,9 +141,13 @@ def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any]) -> dic
         "export.max_seq_length=512",
         "export.max_context_length=512",
         f"export.output_dir={out}",
-        "export.output_name=model.pte",
+        f"export.output_name={out / 'model.pte'}",
     ]
-    return {**run_timed(cmd), "pte": out / "model.pte"}
+    out.mkdir(parents=True, exist_ok=True)
+    result = run_timed(cmd, cwd=out)  # hydra writes its outputs/ folder into the working directory
+    if not (out / "model.pte").is_file():
+        raise RuntimeError(f"export_llm finished but wrote no {out / 'model.pte'}")
+    return {**result, "pte": out / "model.pte"}
 
 
 def our_export(checkpoint: Path, out: Path) -> dict[str, Any]:

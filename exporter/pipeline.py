@@ -218,7 +218,8 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
             "validation failed, nothing published: " + "; ".join(figures["failures"]),
         )
     shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")
-    runtime = {**lowered.runtime, "weight_bytes": weights}
+    # A backend that repacks weights (XNNPACK) says what it stored; otherwise the program's own.
+    runtime = {"weight_bytes": weights, **lowered.runtime}
     return assemble_manifest(inputs, lowered.path, runtime, figures, timings)
 
 
