@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,12 @@ def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
         log.addHandler(handler)
     log.setLevel(logging.WARNING if quiet else logging.INFO)
     log.propagate = False
+    if not debug:
+        # Deprecation chatter of torch/torchao/ExecuTorch internals and torchao's notes about
+        # CUDA-only extensions it cannot load on CPU say nothing a user can act on.
+        warnings.simplefilter("ignore")
+        logging.getLogger("torchao").setLevel(logging.ERROR)
+        logging.getLogger("torch").setLevel(logging.ERROR)
 
 
 @main.command()
