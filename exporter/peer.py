@@ -150,19 +150,21 @@ def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any]) -> dic
     return {**result, "pte": out / "model.pte"}
 
 
-def our_export(checkpoint: Path, out: Path) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "exporter",
-        "--quiet",
-        "build",
-        "android-arm64",
-        "--checkpoint",
-        str(checkpoint),
-        "--out",
-        str(out),
-    ]
+# Random weights have near-uniform next-token distributions, so quality thresholds mean nothing for
+# them; the gate still runs (its cost is part of ours) with thresholds it cannot miss.
+RANDOM_WEIGHT_GATE = (
+    "validation.max_logit_abs_diff=1e9",
+    "validation.min_top1_agreement=1e-9",
+    "validation.max_perplexity_ratio=1e9",
+    "validation.eval_tokens=64",
+)
+
+
+def our_export(checkpoint: Path, out: Path, random_weights: bool = False) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "exporter", "--quiet", "build", "android-arm64"]
+    cmd += ["--checkpoint", str(checkpoint), "--out", str(out)]
+    for item in RANDOM_WEIGHT_GATE if random_weights else ():
+        cmd += ["--set", item]
     result = run_timed(cmd)
     folder = Path(result["stdout"].strip().splitlines()[-1])
     stages = json.loads((folder / "manifest.json").read_text())["timings"]
@@ -204,7 +206,7 @@ def perplexity(pte: Path, ids: list[int]) -> float:
     return math.exp(F.cross_entropy(logits, torch.tensor(ids[1:])).item())
 
 
-def race(checkpoint: Path, work: Path, repeats: int) -> dict[str, Any]:
+def race(checkpoint: Path, work: Path, repeats: int, random_weights: bool = False) -> dict[str, Any]:
     from .tokenizer import encode, load_tokenizer, tokenizer_info
     from .validate import fp32_reference, perplexity_of
 
@@ -216,7 +218,7 @@ def race(checkpoint: Path, work: Path, repeats: int) -> dict[str, Any]:
     pth, params = write_meta_checkpoint(checkpoint, work / "meta")
     meta = {"get_bos_id": info.bos_id, "get_eos_ids": list(info.eos_ids)}
     peer = peer_export(pth, params, work / "peer", meta)
-    ours = our_export(checkpoint, work / "ours")
+    ours = our_export(checkpoint, work / "ours", random_weights)
     fp32_ppl = perplexity_of(fp32_reference(load_model(ckpt, 512), ids))
     rows: dict[str, dict[str, Any]] = {}
     for name, r in (("ours", ours), ("peer", peer)):
@@ -267,7 +269,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     checkpoints = [a.checkpoint] + [make_shape(s, a.out / "checkpoints" / s) for s in a.shape]
-    results = [race(c, a.out / Path(c).name, a.repeats) for c in checkpoints]
+    results = [race(c, a.out / Path(c).name, a.repeats, c != a.checkpoint) for c in checkpoints]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "peer.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     (a.out / "peer.md").write_text(markdown(results))
