@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
-from backends import Stepper, get_backend
+from backends import Stepper
 
 from .checkpoint import load_model, open_checkpoint
-from .manifest import check_torch_matches, read_manifest
+from .manifest import read_manifest
 from .pipeline import DEFAULT_CHECKPOINT, HELDOUT, peak_rss_mb, prepare_module, stored_bytes
 from .recipe import ExportSettings, Quantization, recipe_from_dict
-from .runtime import eager_stepper, native_logs_captured
+from .runtime import eager_stepper, load_artifact, native_logs_captured
 from .tokenizer import encode, load_tokenizer, tokenizer_info
 
 
@@ -32,9 +32,7 @@ def prompt_ids(checkpoint: Path, n: int) -> list[int]:
 def load_subject(kind: str, target: str, checkpoint: Path | None) -> tuple[str, Stepper, dict[str, Any]]:
     if kind == "artifact":
         m = read_manifest(Path(target))
-        model_file = Path(target) / m["artifact"]["file"]
-        check_torch_matches(m, model_file)
-        step = get_backend(m["recipe"]["resolved"]["backend"]).load(model_file)
+        step = load_artifact(Path(target), m)
         facts = {
             "file_bytes": m["artifact"]["size_bytes"],
             "bits_per_parameter": m["artifact"]["bits_per_parameter"],

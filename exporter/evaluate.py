@@ -8,13 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from backends import get_backend
-
 from .checkpoint import digest_files, load_model, open_checkpoint
 from .errors import ArtifactError
-from .manifest import MANIFEST, check_torch_matches, read_manifest
-from .pipeline import DEFAULT_CHECKPOINT, HELDOUT
-from .runtime import native_logs_captured, score
+from .manifest import MANIFEST, read_manifest
+from .pipeline import DEFAULT_CHECKPOINT, heldout_path
+from .runtime import load_artifact, native_logs_captured, score
 from .tokenizer import encode, load_tokenizer, tokenizer_info
 from .validate import distribution_figures, fp32_reference
 
@@ -33,9 +31,7 @@ def evaluate(
         raise ArtifactError(
             ckpt.path, f"is not the checkpoint {manifest['model']['name']!r} was built from (digest differs)"
         )
-    text_path = text_file or ckpt.path / HELDOUT
-    if not text_path.is_file():
-        text_path = DEFAULT_CHECKPOINT / HELDOUT
+    text_path = text_file or heldout_path(ckpt.path)
     try:
         text = text_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -46,11 +42,8 @@ def evaluate(
     if len(ids) < 2:
         raise ArtifactError(text_path, "text is too short to score (needs two tokens)")
     reference = fp32_reference(load_model(ckpt, manifest["runtime"]["max_seq_len"]), ids)
-    model_file = Path(artifact_dir) / manifest["artifact"]["file"]
-    check_torch_matches(manifest, model_file)
-    backend = get_backend(manifest["recipe"]["resolved"]["backend"])
     with native_logs_captured():
-        logits = score(backend.load(model_file), ids)
+        logits = score(load_artifact(Path(artifact_dir), manifest), ids)
     artifact = distribution_figures(logits, reference)
     fp32 = distribution_figures(reference.logits, reference)
     result = {

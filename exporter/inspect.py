@@ -6,15 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import sha256_file
-from .errors import ArtifactError
-from .manifest import read_manifest
+from .manifest import listed_file, read_manifest
 
 
 def summarize(artifact_dir: Path) -> dict[str, Any]:
     m = read_manifest(artifact_dir)
-    model_file = Path(artifact_dir) / m["artifact"]["file"]
-    if not model_file.is_file():
-        raise ArtifactError(model_file, "listed in manifest.json but missing")
+    model_file = listed_file(artifact_dir, m, "artifact")
     intact = sha256_file(model_file) == m["artifact"]["sha256"]
     rt, val = m["runtime"], m["validation"]
     vs_fp32, vs_eager = val["vs_fp32"], val["vs_eager"]

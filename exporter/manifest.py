@@ -46,6 +46,14 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
+def listed_file(folder: Path, manifest: dict[str, Any], section: str) -> Path:
+    """The file a manifest section ("artifact", "tokenizer") names, which must be beside it."""
+    path = Path(folder) / manifest[section]["file"]
+    if not path.is_file():
+        raise ArtifactError(path, "listed in manifest.json but missing")
+    return path
+
+
 def check_torch_matches(manifest: dict[str, Any], model_file: Path) -> None:
     """An AOTInductor package runs only with the torch it was compiled by: say so, don't crash."""
     import torch

@@ -110,11 +110,14 @@ def publish(staging: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def heldout_ids(inputs: BuildInputs, n_tokens: int) -> tuple[list[int], str]:
+def heldout_path(checkpoint_dir: Path) -> Path:
     """Held-out text shipped with the checkpoint, else the default model's (Python source)."""
-    path = inputs.checkpoint.path / HELDOUT
-    if not path.is_file():
-        path = DEFAULT_CHECKPOINT / HELDOUT
+    path = checkpoint_dir / HELDOUT
+    return path if path.is_file() else DEFAULT_CHECKPOINT / HELDOUT
+
+
+def heldout_ids(inputs: BuildInputs, n_tokens: int) -> tuple[list[int], str]:
+    path = heldout_path(inputs.checkpoint.path)
     ids = encode(inputs.tokenizer, inputs.tokenizer_info, path.read_text(encoding="utf-8"))
     return ids[: n_tokens + 1], str(path.relative_to(path.parent.parent))
 

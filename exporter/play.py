@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArtifactError
-from .manifest import check_torch_matches, read_manifest
+from .manifest import check_torch_matches, listed_file, read_manifest
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,8 @@ class Generation:
 
 def generate(artifact_dir: Path, prompt: str, max_new_tokens: int) -> Generation:
     manifest = read_manifest(artifact_dir)
-    model_file = Path(artifact_dir) / manifest["artifact"]["file"]
-    tokenizer = Path(artifact_dir) / manifest["tokenizer"]["file"]
-    for path in (model_file, tokenizer):
-        if not path.is_file():
-            raise ArtifactError(path, "listed in manifest.json but missing")
+    model_file = listed_file(artifact_dir, manifest, "artifact")
+    tokenizer = listed_file(artifact_dir, manifest, "tokenizer")
     fmt = manifest["artifact"]["format"]
     if fmt == "executorch-pte":
         return _run_text_llm_runner(model_file, tokenizer, prompt, max_new_tokens, manifest)

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,6 +71,17 @@ def load_pte(path: Path) -> Stepper:
         return logits.clone()  # the output buffer is reused by the next call
 
     return step
+
+
+def load_artifact(folder: Path, manifest: dict[str, Any]) -> Stepper:
+    """The artifact's model file as a stepper, in the runtime of the backend that built it."""
+    from backends import get_backend
+
+    from .manifest import check_torch_matches, listed_file
+
+    model_file = listed_file(folder, manifest, "artifact")
+    check_torch_matches(manifest, model_file)
+    return get_backend(manifest["recipe"]["resolved"]["backend"]).load(model_file)
 
 
 def eager_stepper(module: torch.nn.Module) -> Stepper:

@@ -30,3 +30,9 @@ def test_eval_refuses_another_checkpoint(tiny_artifact: Path, make_checkpoint: C
     other = make_checkpoint("other", seed=7)
     with pytest.raises(ArtifactError, match="is not the checkpoint"):
         evaluate(tiny_artifact, None, other)
+
+
+def test_eval_names_a_missing_text_file(tiny_artifact: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="cannot read text") as info:
+        evaluate(tiny_artifact, tmp_path / "absent.txt", tiny_checkpoint)
+    assert info.value.path == tmp_path / "absent.txt"
