@@ -193,26 +193,60 @@ def load_model(ckpt: Checkpoint, max_seq_len: int, dtype: torch.dtype = torch.fl
     """Build the eager model and fill it from the checkpoint's safetensors, checking every tensor."""
     with torch.device("meta"):
         model = Transformer(ckpt.args, max_seq_len, cache_dtype=dtype)
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    if ckpt.args.tie_word_embeddings:
-        expected.pop("output.weight", None)
-    state: dict[str, torch.Tensor] = {}
-    for file in ckpt.weight_files:
-        state.update(_read_tensors(file, expected, dtype))
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        names = ", ".join(_ours_to_hf(m) for m in missing[:3])
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise CheckpointError(ckpt.weight_files[0], f"missing tensor {names}{more}")
-    model.load_state_dict(state, strict=False, assign=True)
+    source = TensorSource(ckpt, model)
+    model.load_state_dict(source.read(source.names(), dtype), strict=False, assign=True)
     if ckpt.args.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight
     model.init_buffers()
     return model.eval()
 
 
-def _read_tensors(file: Path, expected: dict[str, torch.Size], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
+class TensorSource:
+    """Where each of the model's tensors lies in the checkpoint, checked (names, shapes, nothing
+    missing) from the safetensors headers alone; tensors are read on demand, a group at a time.
+
+    Each ``read`` opens the files it needs and closes them again, so memory-mapped pages of
+    tensors already consumed do not stay resident: a streamed build holds one layer, not the file.
+    ``output.weight`` of a tied model resolves to the embedding's tensor."""
+
+    def __init__(self, ckpt: Checkpoint, model: Transformer) -> None:
+        expected = {k: v.shape for k, v in model.state_dict().items()}
+        if ckpt.args.tie_word_embeddings:
+            expected.pop("output.weight", None)
+        self._where: dict[str, tuple[Path, str]] = {}
+        for file in ckpt.weight_files:
+            self._where.update(_index_file(file, expected))
+        missing = sorted(set(expected) - set(self._where))
+        if missing:
+            names = ", ".join(_ours_to_hf(m) for m in missing[:3])
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise CheckpointError(ckpt.weight_files[0], f"missing tensor {names}{more}")
+        if ckpt.args.tie_word_embeddings:
+            self._where["output.weight"] = self._where["tok_embeddings.weight"]
+
+    def names(self, prefix: str = "") -> list[str]:
+        """Our tensor names under ``prefix``; the tied head is left out of a whole-model listing."""
+        names = [n for n in self._where if n.startswith(prefix)]
+        tied = self._where.get("output.weight") == self._where.get("tok_embeddings.weight")
+        return [n for n in names if not (tied and n == "output.weight" and prefix == "")]
+
+    def read(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self._where[name][0], []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for file, ours in by_file.items():
+            try:
+                with safe_open(str(file), framework="pt") as f:
+                    for name in ours:
+                        out[name] = f.get_tensor(self._where[name][1]).to(dtype)
+            except (SafetensorError, OSError, RuntimeError) as e:
+                raise CheckpointError(file, f"cannot read safetensors, truncated or corrupt? ({e})") from e
+        return out
+
+
+def _index_file(file: Path, expected: dict[str, torch.Size]) -> dict[str, tuple[Path, str]]:
+    out: dict[str, tuple[Path, str]] = {}
     try:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
@@ -221,14 +255,13 @@ def _read_tensors(file: Path, expected: dict[str, torch.Size], dtype: torch.dtyp
                     if _IGNORED.fullmatch(name) or (ours == "output.weight" and ours not in expected):
                         continue
                     raise CheckpointError(file, f"unexpected tensor {name!r} for this architecture")
-                tensor = f.get_tensor(name)
-                if tensor.shape != expected[ours]:
+                shape = list(f.get_slice(name).get_shape())
+                if shape != list(expected[ours]):
                     raise CheckpointError(
                         file,
-                        f"tensor {name!r} has shape {list(tensor.shape)}, config.json implies "
-                        f"{list(expected[ours])}",
+                        f"tensor {name!r} has shape {shape}, config.json implies {list(expected[ours])}",
                     )
-                out[ours] = tensor.to(dtype)
+                out[ours] = (file, name)
     except (SafetensorError, OSError, RuntimeError) as e:
         raise CheckpointError(file, f"cannot read safetensors file, truncated or corrupt? ({e})") from e
     return out

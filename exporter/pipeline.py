@@ -7,6 +7,7 @@ passed, so a failed or interrupted build leaves the previous artifact untouched 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -23,23 +24,23 @@ import torch
 
 from backends import Backend, get_backend
 
-from .checkpoint import Checkpoint, digest_files, load_model, open_checkpoint, sha256_file
+from .checkpoint import Checkpoint, digest_files, open_checkpoint, sha256_file
 from .errors import CheckpointError, ExporterError, ValidationError
 from .manifest import kernel_libraries, tool_versions, write_manifest
 from .model import Transformer
 from .quantize import quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
 from .runtime import eager_stepper, native_logs_captured
+from .stream import DTYPES, stream_module
 from .tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
 from .transforms import LastTokenLogits, replace_sdpa_with_custom_sdpa
-from .validate import fp32_reference, validate
+from .validate import run_eager, validate
 
 log = logging.getLogger("exporter")
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "pycode-4m"
 DEFAULT_OUT = Path("artifacts")
 HELDOUT = "heldout.txt"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def peak_rss_mb() -> float:
@@ -194,26 +195,26 @@ def build(
 
 
 def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[str, Any]:
+    """Stages in the order that keeps the least resident: the checkpoint is streamed into the
+    quantized module (fp32 reference logits computed on the way), the eager figures the gate needs
+    are taken before export, and the eager module is gone before the artifact is loaded."""
     recipe, ckpt = inputs.recipe, inputs.checkpoint
     timings: dict[str, Any] = {}
-    with stage(timings, "load"):
-        model = load_model(ckpt, recipe.export.max_seq_len)
-    with stage(timings, "reference"):
-        ids, heldout_source = heldout_ids(inputs, recipe.validation.eval_tokens)
-        reference = fp32_reference(model, ids)
-    with stage(timings, "quantize"):
-        module = prepare_module(recipe, model)
+    ids, heldout_source = heldout_ids(inputs, recipe.validation.eval_tokens)
+    prompts = [encode(inputs.tokenizer, inputs.tokenizer_info, p) for p in recipe.validation.prompts]
+    with stage(timings, "load_quantize"):
+        module, reference = stream_module(ckpt, recipe, ids)
+    with stage(timings, "eager"):
+        eager = run_eager(eager_stepper(module), prompts, reference, recipe.validation.greedy_steps)
     with stage(timings, "export"):
-        program = export_program(module, recipe.export.max_seq_len)
-        weights = weight_bytes(program)
+        held = [export_program(module, recipe.export.max_seq_len)]
+        weights = weight_bytes(held[0])
+    del module  # the program holds the weights now; lowering may free them as it packs them
     with stage(timings, "lower"):
-        lowered = backend.lower(program, constant_methods(inputs), staging / f"model{backend.suffix}")
-    del program
+        lowered = backend.lower(held.pop(), constant_methods(inputs), staging / f"model{backend.suffix}")
+    gc.collect()
     with stage(timings, "validate"), native_logs_captured():
-        prompts = [encode(inputs.tokenizer, inputs.tokenizer_info, p) for p in recipe.validation.prompts]
-        figures = validate(
-            backend.load(lowered.path), eager_stepper(module), prompts, reference, recipe.validation
-        )
+        figures = validate(backend.load(lowered.path), eager, reference, recipe.validation)
     figures["heldout_text"] = heldout_source
     if not figures["passed"]:
         raise ValidationError(

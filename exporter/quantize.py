@@ -54,23 +54,36 @@ def untie_embeddings(model: Transformer) -> Transformer:
     return model
 
 
-def quantize_model(model: Transformer, quant: Quantization) -> Transformer:
-    """Quantize in place: every linear layer (the output projection included) and the embedding."""
+def quantize_linears(module: nn.Module, q: LinearQuant | None) -> nn.Module:
+    """Quantize every ``nn.Linear`` in ``module`` (which may be one layer, or the head alone)."""
     from torchao.quantization import quantize_
 
+    if q is not None:
+        quantize_(
+            module,
+            _linear_config(q),  # type: ignore[arg-type]
+            filter_fn=lambda m, _fqn: isinstance(m, nn.Linear),
+        )
+    return module
+
+
+def quantize_embedding(module: nn.Module, q: EmbeddingQuant | None) -> nn.Module:
+    from torchao.quantization import quantize_
+
+    if q is not None:
+        quantize_(
+            module,
+            _embedding_config(q),  # type: ignore[arg-type]
+            filter_fn=lambda m, _fqn: isinstance(m, nn.Embedding),
+        )
+    return module
+
+
+def quantize_model(model: Transformer, quant: Quantization) -> Transformer:
+    """Quantize in place: every linear layer (the output projection included) and the embedding."""
     if quant.linear is None and quant.embedding is None:
         return model
     untie_embeddings(model)
-    if quant.embedding is not None:
-        quantize_(
-            model,
-            _embedding_config(quant.embedding),  # type: ignore[arg-type]
-            filter_fn=lambda m, _fqn: isinstance(m, nn.Embedding),
-        )
-    if quant.linear is not None:
-        quantize_(
-            model,
-            _linear_config(quant.linear),  # type: ignore[arg-type]
-            filter_fn=lambda m, _fqn: isinstance(m, nn.Linear),
-        )
+    quantize_embedding(model, quant.embedding)
+    quantize_linears(model, quant.linear)
     return model

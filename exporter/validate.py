@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .recipe import ValidationSettings
-from .runtime import Stepper, follow, greedy, score
+from .runtime import Stepper, Trace, follow, greedy, score
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,21 @@ def fp32_reference(model: torch.nn.Module, ids: Sequence[int]) -> Reference:
         logits = model(torch.tensor([list(ids)]), torch.tensor([0]))[0, :-1].float()
     model.reset_cache()  # type: ignore[operator]
     return Reference(list(ids), logits)
+
+
+@dataclass(frozen=True)
+class EagerRun:
+    """What the eager quantized model gives on the gate's prompts and text. Computed right after
+    quantization, so the eager model is gone before the artifact is loaded beside it."""
+
+    prompts: list[list[int]]
+    traces: list[Trace]  # greedy decode per prompt
+    scored: torch.Tensor  # teacher-forced logits on the reference ids, [len(ids) - 1, V]
+
+
+def run_eager(eager: Stepper, prompts: Sequence[Sequence[int]], reference: Reference, steps: int) -> EagerRun:
+    traces = [greedy(eager, p, steps) for p in prompts]
+    return EagerRun([list(p) for p in prompts], traces, score(eager, reference.ids))
 
 
 def distribution_figures(logits: torch.Tensor, ref: Reference) -> dict[str, float]:
@@ -48,7 +63,7 @@ def perplexity_of(ref: Reference) -> float:
 
 
 def compare_greedy(
-    artifact: Stepper, eager: Stepper, prompts: Sequence[Sequence[int]], steps: int
+    artifact: Stepper, prompts: Sequence[Sequence[int]], traces: Sequence[Trace]
 ) -> dict[str, Any]:
     """Eager decodes greedily; the artifact follows the same tokens, so logits are compared on the
     same contexts and a mismatch in argmax is a greedy divergence at that step.
@@ -58,8 +73,8 @@ def compare_greedy(
     is below 2e, so such a flip says nothing the logit tolerance does not already bound. Every other
     mismatch fails the gate. Both counts are reported."""
     per_prompt: list[dict[str, Any]] = []
-    for prompt in prompts:
-        ref = greedy(eager, prompt, steps)
+    steps = len(traces[0].tokens)
+    for prompt, ref in zip(prompts, traces, strict=True):
         got = follow(artifact, prompt, ref.tokens)
         diff = (got - ref.logits).abs().amax(-1)  # [steps]
         top2 = ref.logits.topk(2, -1).values
@@ -90,17 +105,13 @@ def compare_greedy(
 
 
 def validate(
-    artifact: Stepper,
-    eager: Stepper,
-    prompts: Sequence[Sequence[int]],
-    reference: Reference,
-    settings: ValidationSettings,
+    artifact: Stepper, eager: EagerRun, reference: Reference, settings: ValidationSettings
 ) -> dict[str, Any]:
     """All figures plus ``failures`` (empty when every threshold is met)."""
-    vs_eager = compare_greedy(artifact, eager, prompts, settings.greedy_steps)
+    vs_eager = compare_greedy(artifact, eager.prompts, eager.traces)
     fp32_ppl = perplexity_of(reference)
     artifact_fig = distribution_figures(score(artifact, reference.ids), reference)
-    eager_fig = distribution_figures(score(eager, reference.ids), reference)
+    eager_fig = distribution_figures(eager.scored, reference)
     ratio = artifact_fig["perplexity"] / fp32_ppl
     failures = []
     if vs_eager["mismatches_not_at_ties"]:

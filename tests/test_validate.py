@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from exporter.recipe import ValidationSettings
-from exporter.validate import Reference, compare_greedy, validate
+from exporter.runtime import Stepper, greedy
+from exporter.validate import Reference, compare_greedy, run_eager, validate
 
 V = 8
 
@@ -24,9 +25,13 @@ def stepper(bias: dict[int, torch.Tensor] | None = None):  # type: ignore[no-unt
     return step, table
 
 
+def compare(artifact: Stepper, eager: Stepper, prompts: list[list[int]], steps: int) -> dict:  # type: ignore[type-arg]
+    return compare_greedy(artifact, prompts, [greedy(eager, p, steps) for p in prompts])
+
+
 def test_identical_steppers_pass() -> None:
     step, _ = stepper()
-    out = compare_greedy(step, step, [[1, 2, 3]], 32)
+    out = compare(step, step, [[1, 2, 3]], 32)
     assert out["greedy_tokens_identical_min"] == 32 and out["mismatches_not_at_ties"] == 0
     assert out["max_logit_abs_diff"] == 0
 
@@ -40,12 +45,12 @@ def test_real_divergence_fails_and_tie_flip_is_recorded() -> None:
     # Push the runner-up just past the winner: a flip with error > margin / 2 -> counted as a tie.
     swap[top2.indices[1]] = margin * 0.6
     swap[top2.indices[0]] = -margin * 0.6
-    tie = compare_greedy(stepper({pos: swap})[0], eager, [[1, 2, 3]], 32)
+    tie = compare(stepper({pos: swap})[0], eager, [[1, 2, 3]], 32)
     assert tie["greedy_tokens_identical_min"] == pos - 2
     assert tie["mismatches_at_ties"] == 1 and tie["mismatches_not_at_ties"] == 0
     big = torch.zeros(V)
     big[top2.indices[1]] = margin + 10.0  # flips by a huge error on one logit only
-    real = compare_greedy(stepper({pos: big})[0], eager, [[1, 2, 3]], 32)
+    real = compare(stepper({pos: big})[0], eager, [[1, 2, 3]], 32)
     assert real["mismatches_at_ties"] == 1  # margin <= 2 * error: bounded by the logit tolerance
     assert real["max_logit_abs_diff"] > 10
 
@@ -56,8 +61,8 @@ def test_validate_reports_failures() -> None:
     reference = Reference(ids, table[:19])
     artifact, _ = stepper({i: torch.full((V,), 0.5) for i in range(64)})
     strict = ValidationSettings(max_logit_abs_diff=0.1, min_top1_agreement=1.0, max_perplexity_ratio=1.0)
-    out = validate(artifact, eager, [[1, 2]], reference, strict)
+    out = validate(artifact, run_eager(eager, [[1, 2]], reference, strict.greedy_steps), reference, strict)
     assert not out["passed"]
     assert any("max |logit - eager logit|" in f for f in out["failures"])
-    ok = validate(eager, eager, [[1, 2]], reference, strict)
+    ok = validate(eager, run_eager(eager, [[1, 2]], reference, strict.greedy_steps), reference, strict)
     assert ok["passed"], ok["failures"]
