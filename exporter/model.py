@@ -156,7 +156,7 @@ class SDPA(nn.Module):
         k_pos = torch.arange(k.shape[2], device=q.device)
         mask = k_pos[None, :] <= q_pos[:, None]  # [T, S], True = may attend
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True)
-        return y.transpose(1, 2).reshape(bsz, seq_len, -1)
+        return y.transpose(1, 2).reshape(bsz, seq_len, q.shape[2] * q.shape[3])
 
 
 class Attention(nn.Module):
@@ -174,10 +174,11 @@ class Attention(nn.Module):
         self.sdpa: nn.Module = SDPA()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int) -> torch.Tensor:
-        bsz, seq_len, _ = x.shape
-        q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim)
-        k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        # -1 for the sequence: XNNPACK delegates a reshape with one inferred dim, not a symbolic one.
+        bsz = x.shape[0]
+        q = self.wq(x).view(bsz, -1, self.n_heads, self.head_dim)
+        k = self.wk(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

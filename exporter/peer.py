@@ -143,10 +143,17 @@ def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any]) -> dic
         f"export.output_dir={out}",
         f"export.output_name={out / 'model.pte'}",
     ]
+    done = out / "export.json"
+    if done.is_file() and (out / "model.pte").is_file():
+        # The peer's figures do not depend on our code: a finished peer export in the same work
+        # folder is reused (delete the folder to measure it again).
+        return {**json.loads(done.read_text()), "pte": out / "model.pte", "reused": True}
     out.mkdir(parents=True, exist_ok=True)
     result = run_timed(cmd, cwd=out)  # hydra writes its outputs/ folder into the working directory
     if not (out / "model.pte").is_file():
         raise RuntimeError(f"export_llm finished but wrote no {out / 'model.pte'}")
+    result.pop("stdout")
+    done.write_text(json.dumps(result))
     return {**result, "pte": out / "model.pte"}
 
 
@@ -206,7 +213,9 @@ def perplexity(pte: Path, ids: list[int]) -> float:
     return math.exp(F.cross_entropy(logits, torch.tensor(ids[1:])).item())
 
 
-def race(checkpoint: Path, work: Path, repeats: int, random_weights: bool = False) -> dict[str, Any]:
+def race(
+    checkpoint: Path, work: Path, repeats: int, random_weights: bool = False, peer_only: bool = False
+) -> dict[str, Any]:
     from .tokenizer import encode, load_tokenizer, tokenizer_info
     from .validate import fp32_reference, perplexity_of
 
@@ -215,9 +224,13 @@ def race(checkpoint: Path, work: Path, repeats: int, random_weights: bool = Fals
     info = tokenizer_info(ckpt.path, ckpt.config, tok)
     ids = encode(tok, info, (DEFAULT_CHECKPOINT / HELDOUT).read_text(encoding="utf-8"))[:256]
     prompt = str(tok.decode(ids[1:129]))
-    pth, params = write_meta_checkpoint(checkpoint, work / "meta")
+    pth, params = work / "meta" / "consolidated.pth", work / "meta" / "params.json"
+    if not (work / "peer" / "export.json").is_file():
+        pth, params = write_meta_checkpoint(checkpoint, work / "meta")
     meta = {"get_bos_id": info.bos_id, "get_eos_ids": list(info.eos_ids)}
     peer = peer_export(pth, params, work / "peer", meta)
+    if peer_only:
+        return {"checkpoint": str(checkpoint), "peer_export": {k: str(v) for k, v in peer.items()}}
     ours = our_export(checkpoint, work / "ours", random_weights)
     fp32_ppl = perplexity_of(fp32_reference(load_model(ckpt, 512), ids))
     rows: dict[str, dict[str, Any]] = {}
@@ -267,9 +280,15 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), action="append", default=[])
     ap.add_argument("--out", type=Path, default=Path("artifacts/bench/peer"))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--peer-only", action="store_true", help="run (and keep) the peer exports only")
+    ap.add_argument("--skip-default", action="store_true", help="race the --shape models only")
     a = ap.parse_args()
-    checkpoints = [a.checkpoint] + [make_shape(s, a.out / "checkpoints" / s) for s in a.shape]
-    results = [race(c, a.out / Path(c).name, a.repeats, c != a.checkpoint) for c in checkpoints]
+    shapes = [make_shape(s, a.out / "checkpoints" / s) for s in a.shape]
+    checkpoints = shapes if a.skip_default else [a.checkpoint, *shapes]
+    results = [race(c, a.out / Path(c).name, a.repeats, c != a.checkpoint, a.peer_only) for c in checkpoints]
+    if a.peer_only:
+        print(json.dumps(results, indent=2))
+        return
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "peer.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     (a.out / "peer.md").write_text(markdown(results))

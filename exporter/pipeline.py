@@ -33,7 +33,7 @@ from .recipe import Recipe, check_fits, load_recipe, recipe_path
 from .runtime import eager_stepper, native_logs_captured
 from .stream import DTYPES, stream_module
 from .tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
-from .transforms import LastTokenLogits, replace_sdpa_with_custom_sdpa
+from .transforms import for_export
 from .validate import run_eager, validate
 
 log = logging.getLogger("exporter")
@@ -170,9 +170,7 @@ def prepare_module(recipe: Recipe, model: Transformer) -> torch.nn.Module:
     """fp32 eager model -> the module that is exported: compute dtype, quantization, transforms."""
     model.to(DTYPES[recipe.export.dtype])
     quantize_model(model, recipe.quantization)
-    if recipe.export.custom_sdpa:
-        replace_sdpa_with_custom_sdpa(model)
-    return LastTokenLogits(model).eval()
+    return for_export(recipe, model)
 
 
 def build(
@@ -205,7 +203,9 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
     with stage(timings, "load_quantize"):
         module, reference = stream_module(ckpt, recipe, ids)
     with stage(timings, "eager"):
-        eager = run_eager(eager_stepper(module), prompts, reference, recipe.validation.greedy_steps)
+        eager = run_eager(
+            eager_stepper(module), prompts, reference, recipe.validation.greedy_steps, module.model
+        )
     with stage(timings, "export"):
         held = [export_program(module, recipe.export.max_seq_len)]
         weights = weight_bytes(held[0])

@@ -22,7 +22,7 @@ from .checkpoint import Checkpoint, TensorSource
 from .model import Transformer
 from .quantize import quantize_embedding, quantize_linears
 from .recipe import Recipe
-from .transforms import LastTokenLogits, replace_sdpa_with_custom_sdpa
+from .transforms import LastTokenLogits, for_export
 from .validate import Reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -34,7 +34,7 @@ def _fill(module: nn.Module, source: TensorSource, prefix: str) -> None:
     module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items()}, strict=False, assign=True)
 
 
-def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple[nn.Module, Reference]:
+def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple[LastTokenLogits, Reference]:
     """The exported module for ``recipe`` and the eager fp32 logits on ``ids``."""
     dtype = DTYPES[recipe.export.dtype]
     quant = recipe.quantization
@@ -65,6 +65,4 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
     for name in ("rope_cos", "rope_sin"):
         model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
     model.reset_cache()
-    if recipe.export.custom_sdpa:
-        replace_sdpa_with_custom_sdpa(model)
-    return LastTokenLogits(model).eval(), Reference(list(ids), logits)
+    return for_export(recipe, model), Reference(list(ids), logits)

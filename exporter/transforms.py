@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model import Attention, KVCache, Transformer
+from .model import Attention, KVCache, RMSNorm, Transformer
+from .recipe import Recipe
 
 
 def load_custom_ops() -> None:
@@ -33,9 +34,9 @@ class CustomSDPA(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
         """q [B, T, H, D]; k, v [B, S, K, D] -> [B, T, H*D]."""
-        bsz, seq_len, _, _ = q.shape
+        bsz = q.shape[0]
         y = torch.ops.llama.custom_sdpa(q, k, v, start_pos, None, 0.0, True)
-        return y.reshape(bsz, seq_len, -1)
+        return y.reshape(bsz, -1, q.shape[2] * q.shape[3])  # one inferred dim: delegable
 
 
 def replace_sdpa_with_custom_sdpa(model: Transformer) -> Transformer:
@@ -46,6 +47,29 @@ def replace_sdpa_with_custom_sdpa(model: Transformer) -> Transformer:
             assert type(old) is KVCache, "custom SDPA replaces the default cache only"
             module.kv_cache = CustomKVCache(old.n_kv_heads, old.head_dim, old.max_seq_len, old.dtype)
             module.sdpa = CustomSDPA()
+    return model
+
+
+class DelegableRMSNorm(RMSNorm):
+    """RMSNorm whose mean is taken over a [N, 1, E, 1] view, the one form of ``mean.dim`` XNNPACK
+    lowers (a global average pool). With the plain [B, T, E] mean every norm falls out of the
+    delegate and splits the graph: 19 partitions and a CPU round trip per norm on a 4-layer model."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        squares = xf.pow(2).reshape(-1, 1, xf.shape[-1], 1)
+        # [B, -1, 1] or [B, -1, H, 1]: one inferred dim, so the reshape is delegable too.
+        mean = squares.mean((2, 3), keepdim=True).reshape(xf.shape[0], -1, *xf.shape[2:-1], 1)
+        return self.weight * (xf * torch.rsqrt(mean + self.eps)).to(x.dtype)
+
+
+def replace_rms_norm_with_delegable(model: nn.Module) -> nn.Module:
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is RMSNorm:
+                norm = DelegableRMSNorm(child.weight.shape[0], child.eps)
+                norm.weight = child.weight
+                setattr(parent, name, norm)
     return model
 
 
@@ -60,3 +84,12 @@ class LastTokenLogits(nn.Module):
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         h = self.model.hidden(tokens, input_pos)
         return self.model.output(h[:, -1, :]).float()  # fp32 logits whatever the compute dtype
+
+
+def for_export(recipe: Recipe, model: Transformer) -> LastTokenLogits:
+    """The transforms a recipe's target needs, then the exported wrapper."""
+    if recipe.export.custom_sdpa:
+        replace_sdpa_with_custom_sdpa(model)
+    if recipe.backend == "xnnpack":
+        replace_rms_norm_with_delegable(model)
+    return LastTokenLogits(model).eval()

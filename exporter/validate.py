@@ -24,10 +24,7 @@ class Reference:
 
 
 def fp32_reference(model: torch.nn.Module, ids: Sequence[int]) -> Reference:
-    with torch.no_grad():
-        logits = model(torch.tensor([list(ids)]), torch.tensor([0]))[0, :-1].float()
-    model.reset_cache()  # type: ignore[operator]
-    return Reference(list(ids), logits)
+    return Reference(list(ids), full_logits(model, ids))
 
 
 @dataclass(frozen=True)
@@ -40,9 +37,27 @@ class EagerRun:
     scored: torch.Tensor  # teacher-forced logits on the reference ids, [len(ids) - 1, V]
 
 
-def run_eager(eager: Stepper, prompts: Sequence[Sequence[int]], reference: Reference, steps: int) -> EagerRun:
+def run_eager(
+    eager: Stepper,
+    prompts: Sequence[Sequence[int]],
+    reference: Reference,
+    steps: int,
+    model: torch.nn.Module | None = None,
+) -> EagerRun:
+    """``model``, when given, is the eager ``Transformer`` behind ``eager``: it scores the text in one
+    forward (all positions' logits) instead of one step per token, which on a large eager quantized
+    model (weights dequantized on every call) is most of the gate's time."""
     traces = [greedy(eager, p, steps) for p in prompts]
-    return EagerRun([list(p) for p in prompts], traces, score(eager, reference.ids))
+    scored = score(eager, reference.ids) if model is None else full_logits(model, reference.ids)
+    return EagerRun([list(p) for p in prompts], traces, scored)
+
+
+def full_logits(model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    """Next-token logits [len(ids) - 1, V] of a ``Transformer`` in one prefill from position 0."""
+    with torch.no_grad():
+        logits = model(torch.tensor([list(ids)]), torch.tensor([0]))[0, :-1].float()
+    model.reset_cache()  # type: ignore[operator]
+    return logits
 
 
 def distribution_figures(logits: torch.Tensor, ref: Reference) -> dict[str, float]:

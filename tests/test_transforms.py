@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from exporter.model import Transformer
-from exporter.transforms import LastTokenLogits, replace_sdpa_with_custom_sdpa
+from exporter.model import RMSNorm, Transformer
+from exporter.transforms import (
+    DelegableRMSNorm,
+    LastTokenLogits,
+    replace_rms_norm_with_delegable,
+    replace_sdpa_with_custom_sdpa,
+)
 from tests.test_model import ARGS, seeded_model
 
 
@@ -32,3 +37,12 @@ def test_last_token_logits_is_the_last_row() -> None:
         model.reset_cache()
         last = LastTokenLogits(model)(tokens, torch.tensor([0]))
     torch.testing.assert_close(last, full[:, -1, :])
+
+
+def test_delegable_rms_norm_matches_rms_norm() -> None:
+    tokens = torch.randint(0, ARGS.vocab_size, (1, 12), generator=torch.Generator().manual_seed(5))
+    expected = _prefill_then_decode(seeded_model(), tokens)
+    model = replace_rms_norm_with_delegable(seeded_model())
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(type(m) is DelegableRMSNorm for m in norms)
+    torch.testing.assert_close(_prefill_then_decode(model, tokens), expected, atol=1e-5, rtol=1e-5)
