@@ -230,7 +230,8 @@ class TensorSource:
         tied = self._where.get("output.weight") == self._where.get("tok_embeddings.weight")
         return [n for n in names if not (tied and n == "output.weight" and prefix == "")]
 
-    def read(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    def read(self, names: list[str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        """``dtype`` None keeps each tensor as stored."""
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(self._where[name][0], []).append(name)
@@ -239,7 +240,8 @@ class TensorSource:
             try:
                 with safe_open(str(file), framework="pt") as f:
                     for name in ours:
-                        out[name] = f.get_tensor(self._where[name][1]).to(dtype)
+                        tensor = f.get_tensor(self._where[name][1])
+                        out[name] = tensor if dtype is None else tensor.to(dtype)
             except (SafetensorError, OSError, RuntimeError) as e:
                 raise CheckpointError(file, f"cannot read safetensors, truncated or corrupt? ({e})") from e
         return out

@@ -3,6 +3,8 @@ we only choose torchao schemes and which modules they apply to."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -77,6 +79,56 @@ def quantize_embedding(module: nn.Module, q: EmbeddingQuant | None) -> nn.Module
             filter_fn=lambda m, _fqn: isinstance(m, nn.Embedding),
         )
     return module
+
+
+def quantize_rows(
+    module: nn.Linear | nn.Embedding,
+    quantize: Callable[[nn.Module], object],
+    dtype: torch.dtype,
+    rows: int = 8192,
+) -> None:
+    """Cast ``module``'s weight to ``dtype`` and quantize it, a block of ``rows`` output rows at a time.
+
+    torchao's group-wise schemes quantize each row's groups on their own, so the blocks, joined,
+    are the tensor a whole-weight call gives (``tests/test_quantize.py`` checks it), while the
+    transient fp32 copies and the scale search stay the size of one block: quantizing a 1B model's
+    [128256, 2048] head at once takes 4 GB besides the weight. A scheme whose tensor is not
+    ``IntxUnpackedToInt8Tensor`` (the packed int4 server layout) is quantized whole."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    weight = module.weight.detach()
+    pieces: list[IntxUnpackedToInt8Tensor] = []
+    for start in range(0, weight.shape[0], rows):
+        piece = _like(module, weight[start : start + rows].to(dtype))
+        quantize(piece)
+        if not isinstance(piece.weight, IntxUnpackedToInt8Tensor):
+            module.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+            quantize(module)
+            return
+        pieces.append(piece.weight)
+    first = pieces[0]
+    module.weight = nn.Parameter(
+        IntxUnpackedToInt8Tensor(
+            torch.cat([p.qdata for p in pieces]),
+            torch.cat([p.scale for p in pieces]),
+            torch.cat([p.zero_point for p in pieces]),
+            first.target_dtype,
+            first.block_size,
+            first.dtype,
+            first.activation_quantization,
+        ),
+        requires_grad=False,
+    )
+
+
+def _like(module: nn.Linear | nn.Embedding, weight: torch.Tensor) -> nn.Module:
+    with torch.device("meta"):
+        if isinstance(module, nn.Embedding):
+            piece: nn.Module = nn.Embedding(weight.shape[0], weight.shape[1])
+        else:
+            piece = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    piece.weight = nn.Parameter(weight, requires_grad=False)
+    return piece
 
 
 def quantize_model(model: Transformer, quant: Quantization) -> Transformer:

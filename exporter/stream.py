@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import Checkpoint, TensorSource
 from .model import Transformer
-from .quantize import quantize_embedding, quantize_linears
+from .quantize import quantize_embedding, quantize_linears, quantize_rows
 from .recipe import Recipe
 from .transforms import LastTokenLogits, for_export
 from .validate import Reference
@@ -28,9 +29,11 @@ from .validate import Reference
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _fill(module: nn.Module, source: TensorSource, prefix: str) -> None:
-    """Assign ``module``'s weights (fp32) from the checkpoint tensors named ``prefix``*."""
-    tensors = source.read(source.names(prefix), torch.float32)
+def _fill(
+    module: nn.Module, source: TensorSource, prefix: str, dtype: torch.dtype | None = torch.float32
+) -> None:
+    """Assign ``module``'s weights from the checkpoint tensors named ``prefix``* (None: as stored)."""
+    tensors = source.read(source.names(prefix), dtype)
     module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items()}, strict=False, assign=True)
 
 
@@ -44,9 +47,16 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
     model.init_buffers()  # fp32 RoPE tables and caches: the reference pass runs in fp32
     tokens = torch.tensor([list(ids)])
     with torch.no_grad():
-        _fill(model.tok_embeddings, source, "tok_embeddings.")
-        h = model.tok_embeddings(tokens)
-        quantize_embedding(model.tok_embeddings.to(dtype), quant.embedding)
+        # Embedding and head, the largest tensors, stay as stored (bf16: half of fp32) and are
+        # cast and quantized a block of rows at a time; the reference uses them in fp32 all the
+        # same (a bf16 -> fp32 cast is exact).
+        _fill(model.tok_embeddings, source, "tok_embeddings.", None)
+        h = model.tok_embeddings(tokens).float()
+        if quant.embedding is None:
+            model.tok_embeddings.to(dtype)
+        else:
+            emb = quant.embedding
+            quantize_rows(model.tok_embeddings, lambda m: quantize_embedding(m, emb), dtype)
         cos, sin = model.rope_cos[: tokens.shape[1]], model.rope_sin[: tokens.shape[1]]
         for i, layer in enumerate(model.layers):
             _fill(layer, source, f"layers.{i}.")
@@ -57,11 +67,17 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         model.norm.to(dtype)
         # A tied head reads the embedding's tensor again: its own copy, so embedding and head are
         # quantized apart (as ``untie_embeddings`` does for a whole model).
-        _fill(model.output, source, "output.")
-        logits = model.output(h)[0, :-1].float()
+        _fill(model.output, source, "output.", None)
+        head = model.output.weight
+        rows = range(0, head.shape[0], 8192)
+        logits = torch.cat([F.linear(h, head[r : r + 8192].float()) for r in rows], -1)[0, :-1]
         if ckpt.args.tie_word_embeddings and quant.linear is None and quant.embedding is None:
             model.output.weight = model.tok_embeddings.weight  # nothing to quantize apart: stay tied
-        quantize_linears(model.output.to(dtype), quant.linear)
+        elif quant.linear is None:
+            model.output.to(dtype)
+        else:
+            linear = quant.linear
+            quantize_rows(model.output, lambda m: quantize_linears(m, linear), dtype)
     for name in ("rope_cos", "rope_sin"):
         model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
     model.reset_cache()

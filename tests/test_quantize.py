@@ -48,3 +48,29 @@ def test_scale_algorithm_is_a_recipe_setting(tiny_checkpoint: Path) -> None:
     w_affine = affine.layers[0].attention.wq.weight.dequantize()
     w_hqq = hqq.layers[0].attention.wq.weight.dequantize()
     assert not torch.equal(w_affine, w_hqq)
+
+
+def _parts(w: torch.Tensor) -> list[torch.Tensor]:
+    return [getattr(w, n) for n in w.__tensor_flatten__()[0]]
+
+
+def test_row_blocks_give_the_whole_weight_quantization() -> None:
+    from exporter.quantize import quantize_embedding, quantize_linears, quantize_rows
+
+    q = load_recipe("android-arm64", ()).quantization
+    torch.manual_seed(0)
+    weight = (torch.randn(100, 64) * torch.rand(100, 1)).to(torch.bfloat16)  # uneven last block
+    for make, quantize in (
+        (lambda: nn.Linear(64, 100, bias=False), lambda m: quantize_linears(m, q.linear)),
+        (lambda: nn.Embedding(100, 64), lambda m: quantize_embedding(m, q.embedding)),
+    ):
+        whole, blocks = make(), make()
+        whole.weight = nn.Parameter(weight.float(), requires_grad=False)
+        quantize(whole)
+        blocks.weight = nn.Parameter(weight, requires_grad=False)
+        quantize_rows(blocks, quantize, torch.float32, rows=7)
+        assert type(blocks.weight) is type(whole.weight)
+        for got, want in zip(_parts(blocks.weight), _parts(whole.weight), strict=True):
+            assert torch.equal(got, want)
+        x = torch.randint(0, 100, (1, 5)) if isinstance(whole, nn.Embedding) else torch.randn(1, 5, 64)
+        assert torch.equal(blocks(x), whole(x))
