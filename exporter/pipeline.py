@@ -30,11 +30,11 @@ from .manifest import kernel_libraries, tool_versions, write_manifest
 from .model import Transformer
 from .quantize import quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
-from .runtime import eager_stepper, native_logs_captured
+from .runtime import native_logs_captured
 from .stream import DTYPES, stream_module
 from .tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
 from .transforms import for_export
-from .validate import run_eager, validate
+from .validate import model_teacher, validate
 
 log = logging.getLogger("exporter")
 
@@ -193,28 +193,24 @@ def build(
 
 
 def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[str, Any]:
-    """Stages in the order that keeps the least resident: the checkpoint is streamed into the
-    quantized module (fp32 reference logits computed on the way), the eager figures the gate needs
-    are taken before export, and the eager module is gone before the artifact is loaded."""
+    """The checkpoint is streamed into the quantized module (fp32 reference logits computed on the
+    way); the gate then runs the artifact, and eager teacher-forced along the artifact's tokens."""
     recipe, ckpt = inputs.recipe, inputs.checkpoint
     timings: dict[str, Any] = {}
     ids, heldout_source = heldout_ids(inputs, recipe.validation.eval_tokens)
     prompts = [encode(inputs.tokenizer, inputs.tokenizer_info, p) for p in recipe.validation.prompts]
     with stage(timings, "load_quantize"):
         module, reference = stream_module(ckpt, recipe, ids)
-    with stage(timings, "eager"):
-        eager = run_eager(
-            eager_stepper(module), prompts, reference, recipe.validation.greedy_steps, module.model
-        )
     with stage(timings, "export"):
         held = [export_program(module, recipe.export.max_seq_len)]
         weights = weight_bytes(held[0])
-    del module  # the program holds the weights now; lowering may free them as it packs them
     with stage(timings, "lower"):
         lowered = backend.lower(held.pop(), constant_methods(inputs), staging / f"model{backend.suffix}")
     gc.collect()
     with stage(timings, "validate"), native_logs_captured():
-        figures = validate(backend.load(lowered.path), eager, reference, recipe.validation)
+        figures = validate(
+            backend.load(lowered.path), model_teacher(module.model), prompts, reference, recipe.validation
+        )
     figures["heldout_text"] = heldout_source
     if not figures["passed"]:
         raise ValidationError(

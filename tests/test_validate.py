@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from exporter.recipe import ValidationSettings
-from exporter.runtime import Stepper, greedy
-from exporter.validate import Reference, compare_greedy, run_eager, validate
+from exporter.runtime import Stepper
+from exporter.validate import Reference, compare_greedy, stepper_teacher, validate
 
 V = 8
 
@@ -26,7 +26,7 @@ def stepper(bias: dict[int, torch.Tensor] | None = None):  # type: ignore[no-unt
 
 
 def compare(artifact: Stepper, eager: Stepper, prompts: list[list[int]], steps: int) -> dict:  # type: ignore[type-arg]
-    return compare_greedy(artifact, prompts, [greedy(eager, p, steps) for p in prompts])
+    return compare_greedy(artifact, stepper_teacher(eager), prompts, steps)
 
 
 def test_identical_steppers_pass() -> None:
@@ -61,8 +61,8 @@ def test_validate_reports_failures() -> None:
     reference = Reference(ids, table[:19])
     artifact, _ = stepper({i: torch.full((V,), 0.5) for i in range(64)})
     strict = ValidationSettings(max_logit_abs_diff=0.1, min_top1_agreement=1.0, max_perplexity_ratio=1.0)
-    out = validate(artifact, run_eager(eager, [[1, 2]], reference, strict.greedy_steps), reference, strict)
+    out = validate(artifact, stepper_teacher(eager), [[1, 2]], reference, strict)
     assert not out["passed"]
     assert any("max |logit - eager logit|" in f for f in out["failures"])
-    ok = validate(eager, run_eager(eager, [[1, 2]], reference, strict.greedy_steps), reference, strict)
+    ok = validate(eager, stepper_teacher(eager), [[1, 2]], reference, strict)
     assert ok["passed"], ok["failures"]
