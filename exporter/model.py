@@ -93,11 +93,13 @@ def _scale_llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D]; cos, sin [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+class RotateHalf(nn.Module):
+    """RoPE's partner term in the rotate-half layout: [x1, x2] -> [-x2, x1] along the head dim. A module,
+    not a function, so a target can swap in another form of the same map (``transforms.py``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -172,6 +174,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.kv_cache: KVCache = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
         self.sdpa: nn.Module = SDPA()
+        self.rotate_half: nn.Module = RotateHalf()
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, T, H, D]; cos, sin [1, T, 1, D]."""
+        return x * cos + self.rotate_half(x) * sin
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int) -> torch.Tensor:
         # -1 for the sequence: XNNPACK delegates a reshape with one inferred dim, not a symbolic one.
@@ -181,7 +188,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         k_all, v_all = self.kv_cache.update(start_pos, k, v)
         return self.wo(self.sdpa(q, k_all, v_all, start_pos))
 
@@ -251,11 +258,12 @@ class Transformer(nn.Module):
         start_pos = cast(int, input_pos[0].item())
         torch._check(start_pos >= 0)
         torch._check(start_pos + seq_len <= self.max_seq_len)
-        cos = self.rope_cos.narrow(0, start_pos, seq_len)
-        sin = self.rope_sin.narrow(0, start_pos, seq_len)
         h = self.tok_embeddings(tokens)
+        # Sliced, broadcast [1, T, 1, D] and cast once for all layers, not once per layer.
+        cos = self.rope_cos.narrow(0, start_pos, seq_len)[None, :, None, :].to(h.dtype)
+        sin = self.rope_sin.narrow(0, start_pos, seq_len)[None, :, None, :].to(h.dtype)
         for layer in self.layers:
-            h = layer(h, cos.to(h.dtype), sin.to(h.dtype), start_pos)
+            h = layer(h, cos, sin, start_pos)
         return self.norm(h)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:

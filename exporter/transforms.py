@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .model import Attention, KVCache, RMSNorm, Transformer
+from .model import Attention, KVCache, RMSNorm, RotateHalf, Transformer
 from .recipe import Recipe
 
 
@@ -73,6 +74,33 @@ def replace_rms_norm_with_delegable(model: nn.Module) -> nn.Module:
     return model
 
 
+class RotateHalfMatmul(nn.Module):
+    """Rotate-half as ``x @ R`` with R a constant signed permutation. The slices of the plain form act
+    on a tensor whose sequence length is dynamic, which XNNPACK does not delegate: each layer's RoPE
+    fell out of the delegate and split its graph in two. Every output is one input times +-1, so the
+    product is exact in fp32 (and in bf16)."""
+
+    rotation: torch.Tensor
+
+    def __init__(self, head_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        half = head_dim // 2
+        w = torch.zeros(head_dim, head_dim, dtype=dtype)  # F.linear weight [out, in] = R^T
+        w[torch.arange(half), torch.arange(half) + half] = -1.0
+        w[torch.arange(half) + half, torch.arange(half)] = 1.0
+        self.register_buffer("rotation", w, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.rotation)
+
+
+def replace_rotate_half_with_matmul(model: Transformer) -> Transformer:
+    for module in model.modules():
+        if isinstance(module, Attention) and type(module.rotate_half) is RotateHalf:
+            module.rotate_half = RotateHalfMatmul(module.head_dim, module.kv_cache.dtype)
+    return model
+
+
 class LastTokenLogits(nn.Module):
     """What is exported: logits of the last new token only, [B, V], as ExecuTorch's LLM runner
     expects by default; the output projection then runs on one row, not on the whole prompt."""
@@ -92,4 +120,5 @@ def for_export(recipe: Recipe, model: Transformer) -> LastTokenLogits:
         replace_sdpa_with_custom_sdpa(model)
     if recipe.backend == "xnnpack":
         replace_rms_norm_with_delegable(model)
+        replace_rotate_half_with_matmul(model)
     return LastTokenLogits(model).eval()

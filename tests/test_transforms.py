@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from exporter.model import RMSNorm, Transformer
+from exporter.model import RMSNorm, RotateHalf, Transformer
 from exporter.transforms import (
     DelegableRMSNorm,
     LastTokenLogits,
+    RotateHalfMatmul,
     replace_rms_norm_with_delegable,
+    replace_rotate_half_with_matmul,
     replace_sdpa_with_custom_sdpa,
 )
 from tests.test_model import ARGS, seeded_model
@@ -46,3 +48,16 @@ def test_delegable_rms_norm_matches_rms_norm() -> None:
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
     assert norms and all(type(m) is DelegableRMSNorm for m in norms)
     torch.testing.assert_close(_prefill_then_decode(model, tokens), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rotate_half_matmul_is_exactly_rotate_half() -> None:
+    x = torch.randn(1, 5, 3, 16, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(RotateHalfMatmul(16, torch.float32)(x), RotateHalf()(x))
+
+
+def test_rotate_half_matmul_model_matches() -> None:
+    tokens = torch.randint(0, ARGS.vocab_size, (1, 12), generator=torch.Generator().manual_seed(7))
+    expected = _prefill_then_decode(seeded_model(), tokens)
+    model = replace_rotate_half_with_matmul(seeded_model())
+    assert all(type(m.attention.rotate_half) is RotateHalfMatmul for m in model.layers)
+    torch.testing.assert_close(_prefill_then_decode(model, tokens), expected, atol=1e-6, rtol=1e-6)
