@@ -9,6 +9,8 @@ from torch.export import ExportedProgram
 
 from backends import Lowered, Stepper
 
+from .passes import lean_passes
+
 
 class XnnpackBackend:
     name = "xnnpack"
@@ -25,13 +27,14 @@ class XnnpackBackend:
         )
         from executorch.exir.passes import MemoryPlanningPass
 
-        edge = to_edge_transform_and_lower(
-            program,
-            partitioner=[XnnpackPartitioner()],
-            # Our custom SDPA / cache ops are not core ATen; the IR check would reject them.
-            compile_config=EdgeCompileConfig(_check_ir_validity=False),
-            constant_methods=metadata,
-        )
+        with lean_passes():
+            edge = to_edge_transform_and_lower(
+                program,
+                partitioner=[XnnpackPartitioner()],
+                # Our custom SDPA / cache ops are not core ATen; the IR check would reject them.
+                compile_config=EdgeCompileConfig(_check_ir_validity=False),
+                constant_methods=metadata,
+            )
         del program  # the caller hands over its only reference: weights free once packed
         info = get_delegation_info(edge.exported_program().graph_module)
         et = edge.to_executorch(

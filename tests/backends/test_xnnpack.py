@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 import torch
 
+import backends.xnnpack.lower as xnnpack_lower
 from backends import get_backend
+from backends.xnnpack.passes import ONLY_WITH_OPS, needed
 from exporter.checkpoint import load_model, open_checkpoint
 from exporter.pipeline import export_program, prepare_module
 from exporter.recipe import load_recipe
@@ -18,7 +21,6 @@ ALLOWED_OUTSIDE = {
     "aten::_local_scalar_dense",  # input_pos[0].item()
     "aten::embedding.out",  # fp32 embedding (reference recipe)
     "aten::sym_size.int",
-    "aten::mean.out",  # RMSNorm's mean over the last dim of a 3-D tensor
     "aten::select_copy.int_out",
     "aten::slice_copy.Tensor_out",
     "aten::unsqueeze_copy.out",
@@ -74,3 +76,30 @@ def test_dynamic_prompt_length(lowered) -> None:  # type: ignore[no-untyped-def]
             tokens = torch.arange(length)[None] % 4096
             logits = step(tokens, torch.tensor([0]))
             assert logits.shape == (1, 4096)
+
+
+def _lower_tiny(checkpoint: Path, out: Path) -> bytes:
+    recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
+    module = prepare_module(recipe, load_model(open_checkpoint(checkpoint), recipe.export.max_seq_len))
+    get_backend("xnnpack").lower(export_program(module, 64), {"get_max_seq_len": 64}, out)
+    return out.read_bytes()
+
+
+def test_lean_passes_make_the_stock_program(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dropping the passes that cannot fire changes nothing in the artifact, byte for byte."""
+    lean = _lower_tiny(tiny_checkpoint, tmp_path / "lean.pte")
+    monkeypatch.setattr(xnnpack_lower, "lean_passes", contextlib.nullcontext)
+    assert _lower_tiny(tiny_checkpoint, tmp_path / "stock.pte") == lean
+
+
+def test_a_pass_stays_when_its_ops_are_there() -> None:
+    assert not needed("Conv1dUnsqueezePass", {"aten.linear.default", "aten.mul.Tensor"})
+    assert needed("Conv1dUnsqueezePass", {"aten.convolution.default"})
+    assert needed("ConvertToSDPAPass", {"aten._softmax.default"})
+    assert needed("RemoveRedundantCopyPass", set())  # not listed: always runs
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+
+    stock = {p.__name__ for p in XNNPACKPassManager(None).passes}  # type: ignore[arg-type]
+    assert set(ONLY_WITH_OPS) <= stock  # a renamed pass upstream would otherwise go unnoticed

@@ -1,0 +1,64 @@
+"""XNNPACK's delegate passes without the ones that cannot fire on a partition.
+
+XNNPACK's ``preprocess`` runs 17 graph passes on every partition, and each retraces the whole
+partition with fake tensors whether or not it finds anything to rewrite. On a decoder, six of them
+look for ops it never has (convolution, batch norm, PReLU, bilinear upsampling, the decomposed aten
+SDPA pattern) and take half of the time spent in XNNPACK passes (13 of 26 s on pycode-4m).
+
+A pass is dropped for a partition only when none of the ops it rewrites occurs there, so the
+delegate blob is the one the stock pass list makes; ``tests/test_xnnpack.py`` checks that the two
+``.pte`` files are byte-identical. ExecuTorch picks the pass list inside ``preprocess`` with no
+option for it, hence the scoped substitution of its pass manager below (stack pinned in
+pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+# Pass name -> substrings of the op names it rewrites (edge dialect, e.g. "aten.convolution.default").
+ONLY_WITH_OPS: dict[str, tuple[str, ...]] = {
+    "ConvertToUpsampleBilinear2d": ("upsample", "index"),
+    "ConvertToSDPAPass": ("softmax", "bmm", "scaled_dot_product"),
+    "FuseBatchNormPass": ("batch_norm",),
+    "DecomposeBatchNorm": ("batch_norm",),
+    "Conv1dUnsqueezePass": ("convolution",),
+    "PReLUReshapePass": ("prelu",),
+}
+
+
+def op_names(program: Any) -> set[str]:
+    """Names of the ops called in ``program``'s graph."""
+    return {
+        str(getattr(n.target, "__name__", n.target))
+        for n in program.graph_module.graph.nodes
+        if n.op == "call_function"
+    }
+
+
+def needed(pass_name: str, ops: set[str]) -> bool:
+    patterns = ONLY_WITH_OPS.get(pass_name)
+    return patterns is None or any(p in op for op in ops for p in patterns)
+
+
+@contextmanager
+def lean_passes() -> Iterator[None]:
+    """While active, XNNPACK's ``preprocess`` runs only the passes that can fire on each partition."""
+    import executorch.backends.xnnpack.xnnpack_preprocess as preprocess
+
+    stock = preprocess.XNNPACKPassManager
+
+    class LeanPassManager(stock):  # type: ignore[misc, valid-type]
+        def __init__(self, exported_program: Any, passes: list[Any] | None = None) -> None:
+            super().__init__(exported_program, passes)
+            if not passes:  # the stock list; an explicit one is left as asked
+                ops = op_names(exported_program)
+                self.passes = [p for p in self.passes if needed(p.__name__, ops)]
+
+    preprocess.XNNPACKPassManager = LeanPassManager
+    try:
+        yield
+    finally:
+        preprocess.XNNPACKPassManager = stock
