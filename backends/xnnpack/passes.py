@@ -55,7 +55,8 @@ def lean_passes() -> Iterator[None]:
             super().__init__(exported_program, passes)
             if not passes:  # the stock list; an explicit one is left as asked
                 ops = op_names(exported_program)
-                self.passes = [p for p in self.passes if needed(p.__name__, ops)]
+                stock_list: list[Any] = vars(self)["passes"]
+                self.passes = [p for p in stock_list if needed(p.__name__, ops)]
 
     preprocess.XNNPACKPassManager = LeanPassManager
     try:
