@@ -259,12 +259,18 @@ class Transformer(nn.Module):
         torch._check(start_pos >= 0)
         torch._check(start_pos + seq_len <= self.max_seq_len)
         h = self.tok_embeddings(tokens)
-        # Sliced, broadcast [1, T, 1, D] and cast once for all layers, not once per layer.
-        cos = self.rope_cos.narrow(0, start_pos, seq_len)[None, :, None, :].to(h.dtype)
-        sin = self.rope_sin.narrow(0, start_pos, seq_len)[None, :, None, :].to(h.dtype)
+        cos, sin = (t.to(h.dtype) for t in self.rope_window(start_pos, seq_len))
         for layer in self.layers:
             h = layer(h, cos, sin, start_pos)
         return self.norm(h)
+
+    def rope_window(self, start_pos: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [1, T, 1, D] for positions start_pos ..: sliced and broadcast once for all
+        layers, not once per layer."""
+        return (
+            self.rope_cos.narrow(0, start_pos, seq_len)[None, :, None, :],
+            self.rope_sin.narrow(0, start_pos, seq_len)[None, :, None, :],
+        )
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """tokens [B, T], input_pos [1] -> logits [B, T, V]."""

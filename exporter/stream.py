@@ -57,7 +57,7 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         else:
             emb = quant.embedding
             quantize_rows(model.tok_embeddings, lambda m: quantize_embedding(m, emb), dtype)
-        cos, sin = (t[: tokens.shape[1]][None, :, None, :] for t in (model.rope_cos, model.rope_sin))
+        cos, sin = model.rope_window(0, tokens.shape[1])
         for i, layer in enumerate(model.layers):
             _fill(layer, source, f"layers.{i}.")
             h = layer(h, cos, sin, 0)

@@ -95,9 +95,11 @@ class RotateHalfMatmul(nn.Module):
 
 
 def replace_rotate_half_with_matmul(model: Transformer) -> Transformer:
+    """Called after the model is cast: the RoPE tables carry its compute dtype (``KVCache.dtype``
+    records only the dtype the cache was built with)."""
     for module in model.modules():
         if isinstance(module, Attention) and type(module.rotate_half) is RotateHalf:
-            module.rotate_half = RotateHalfMatmul(module.head_dim, module.kv_cache.dtype)
+            module.rotate_half = RotateHalfMatmul(module.head_dim, model.rope_cos.dtype)
     return model
 
 

@@ -35,7 +35,7 @@ class XnnpackBackend:
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),
                 constant_methods=metadata,
             )
-        del program  # the caller hands over its only reference: weights free once packed
+        del program  # the caller's only reference: the graph goes (the gate's eager module keeps the weights)
         info = get_delegation_info(edge.exported_program().graph_module)
         et = edge.to_executorch(
             ExecutorchBackendConfig(

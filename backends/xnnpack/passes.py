@@ -6,7 +6,7 @@ look for ops it never has (convolution, batch norm, PReLU, bilinear upsampling, 
 SDPA pattern) and take half of the time spent in XNNPACK passes (13 of 26 s on pycode-4m).
 
 A pass is dropped for a partition only when none of the ops it rewrites occurs there, so the
-delegate blob is the one the stock pass list makes; ``tests/test_xnnpack.py`` checks that the two
+delegate blob is the one the stock pass list makes; ``tests/backends/test_xnnpack.py`` checks that the two
 ``.pte`` files are byte-identical. ExecuTorch picks the pass list inside ``preprocess`` with no
 option for it, hence the scoped substitution of its pass manager below (stack pinned in
 pyproject.toml).
