@@ -250,15 +250,18 @@ class Transformer(nn.Module):
             if module is not self and callable(init):
                 init()
 
-    def hidden(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T], input_pos [1] -> final-norm hidden states [B, T, E]; fills the cache."""
+    def hidden(
+        self, tokens: torch.Tensor, input_pos: torch.Tensor, embedded: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens [B, T], input_pos [1] -> final-norm hidden states [B, T, E]; fills the cache.
+        ``embedded``: the tokens' embedding rows, already looked up by the caller."""
         seq_len = tokens.shape[1]
         # A data-dependent start position, as ExecuTorch's own Llama does: export keeps it symbolic,
         # and the checks tell it that every slice below stays inside the static buffers.
         start_pos = cast(int, input_pos[0].item())
         torch._check(start_pos >= 0)
         torch._check(start_pos + seq_len <= self.max_seq_len)
-        h = self.tok_embeddings(tokens)
+        h = self.tok_embeddings(tokens) if embedded is None else embedded
         cos, sin = (t.to(h.dtype) for t in self.rope_window(start_pos, seq_len))
         for layer in self.layers:
             h = layer(h, cos, sin, start_pos)

@@ -7,10 +7,8 @@ passed, so a failed or interrupted build leaves the previous artifact untouched 
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -27,6 +25,7 @@ from backends import Backend, get_backend
 from .checkpoint import Checkpoint, digest_files, open_checkpoint, sha256_file
 from .errors import CheckpointError, ExporterError, ValidationError
 from .manifest import kernel_libraries, tool_versions, write_manifest
+from .memory import peak_rss_mb, release_memory
 from .model import Transformer
 from .quantize import quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
@@ -41,18 +40,6 @@ log = logging.getLogger("exporter")
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "pycode-4m"
 DEFAULT_OUT = Path("artifacts")
 HELDOUT = "heldout.txt"
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set, MB. VmHWM belongs to the address space, so unlike
-    ru_maxrss it does not carry a parent's peak across fork + exec (benchmark workers)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 @contextmanager
@@ -201,12 +188,13 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
     prompts = [encode(inputs.tokenizer, inputs.tokenizer_info, p) for p in recipe.validation.prompts]
     with stage(timings, "load_quantize"):
         module, reference = stream_module(ckpt, recipe, ids)
+        release_memory()
     with stage(timings, "export"):
         held = [export_program(module, recipe.export.max_seq_len)]
         weights = weight_bytes(held[0])
     with stage(timings, "lower"):
         lowered = backend.lower(held.pop(), constant_methods(inputs), staging / f"model{backend.suffix}")
-    gc.collect()
+        release_memory()
     with stage(timings, "validate"), native_logs_captured():
         figures = validate(
             backend.load(lowered.path), model_teacher(module.model), prompts, reference, recipe.validation

@@ -21,7 +21,7 @@ from torch import nn
 
 from .checkpoint import Checkpoint, TensorSource
 from .model import Transformer
-from .quantize import quantize_embedding, quantize_linears, quantize_rows
+from .quantize import quantize_embedding, quantize_linears
 from .recipe import Recipe
 from .transforms import LastTokenLogits, for_export
 from .validate import Reference
@@ -55,8 +55,7 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         if quant.embedding is None:
             model.tok_embeddings.to(dtype)
         else:
-            emb = quant.embedding
-            quantize_rows(model.tok_embeddings, lambda m: quantize_embedding(m, emb), dtype)
+            quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
         cos, sin = model.rope_window(0, tokens.shape[1])
         for i, layer in enumerate(model.layers):
             _fill(layer, source, f"layers.{i}.")
@@ -76,8 +75,7 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         elif quant.linear is None:
             model.output.to(dtype)
         else:
-            linear = quant.linear
-            quantize_rows(model.output, lambda m: quantize_linears(m, linear), dtype)
+            quantize_linears(model.output, quant.linear, dtype)
     for name in ("rope_cos", "rope_sin"):
         model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
     model.reset_cache()

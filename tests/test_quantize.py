@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -55,20 +56,29 @@ def _parts(w: torch.Tensor) -> list[torch.Tensor]:
 
 
 def test_row_blocks_give_the_whole_weight_quantization() -> None:
-    from exporter.quantize import quantize_embedding, quantize_linears, quantize_rows
+    from exporter.quantize import (
+        _apply,
+        _embedding_config,
+        _linear_config,
+        quantize_embedding,
+        quantize_linears,
+    )
 
     q = load_recipe("android-arm64", ()).quantization
+    assert q.linear is not None and q.embedding is not None
     torch.manual_seed(0)
     weight = (torch.randn(100, 64) * torch.rand(100, 1)).to(torch.bfloat16)  # uneven last block
-    for make, quantize in (
-        (lambda: nn.Linear(64, 100, bias=False), lambda m: quantize_linears(m, q.linear)),
-        (lambda: nn.Embedding(100, 64), lambda m: quantize_embedding(m, q.embedding)),
-    ):
+    cases = (
+        (lambda: nn.Linear(64, 100, bias=False), _linear_config(q.linear), quantize_linears, q.linear),
+        (lambda: nn.Embedding(100, 64), _embedding_config(q.embedding), quantize_embedding, q.embedding),
+    )
+    for make, config, ours, setting in cases:
         whole, blocks = make(), make()
         whole.weight = nn.Parameter(weight.float(), requires_grad=False)
-        quantize(whole)
+        _apply(whole, config, type(whole))  # torchao's quantize_ on the whole fp32 weight at once
         blocks.weight = nn.Parameter(weight, requires_grad=False)
-        quantize_rows(blocks, quantize, torch.float32, rows=7)
+        with patch("exporter.quantize.BLOCK_ELEMENTS", 7 * 64):  # 7-row blocks, cast one at a time
+            ours(blocks, setting, torch.float32)  # type: ignore[operator]
         assert type(blocks.weight) is type(whole.weight)
         for got, want in zip(_parts(blocks.weight), _parts(whole.weight), strict=True):
             assert torch.equal(got, want)

@@ -66,3 +66,26 @@ def test_validate_reports_failures() -> None:
     assert any("max |logit - eager logit|" in f for f in out["failures"])
     ok = validate(eager, stepper_teacher(eager), [[1, 2]], reference, strict)
     assert ok["passed"], ok["failures"]
+
+
+def test_eager_gate_lookups_match_the_modules_without_dequantizing_whole_tables() -> None:
+    from unittest.mock import patch
+
+    from torch import nn
+
+    from exporter.quantize import quantize_embedding, quantize_linears
+    from exporter.recipe import load_recipe
+    from exporter.validate import blockwise_linear, embedding_rows
+
+    q = load_recipe("android-arm64", ()).quantization
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(300, 64), nn.Linear(64, 300, bias=False)
+    tokens = torch.tensor([[5, 299, 5, 0, 17]])  # repeats and both ends of the table
+    x = torch.randn(5, 64)
+    for quantized in (False, True):
+        if quantized:
+            quantize_embedding(emb, q.embedding)
+            quantize_linears(head, q.linear)
+        with torch.no_grad(), patch("exporter.validate.HEAD_BLOCK_ELEMENTS", 7 * 64):  # 43 blocks
+            assert torch.equal(embedding_rows(emb, tokens), emb(tokens))
+            assert torch.allclose(blockwise_linear(head, x), head(x), rtol=0, atol=1e-5)

@@ -8,8 +8,9 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from backends import Lowered, Stepper
+from exporter.memory import release_memory
 
-from .passes import lean_passes
+from .preprocess import lean_preprocess
 
 
 class XnnpackBackend:
@@ -27,7 +28,7 @@ class XnnpackBackend:
         )
         from executorch.exir.passes import MemoryPlanningPass
 
-        with lean_passes():
+        with lean_preprocess():
             edge = to_edge_transform_and_lower(
                 program,
                 partitioner=[XnnpackPartitioner()],
@@ -36,6 +37,7 @@ class XnnpackBackend:
                 constant_methods=metadata,
             )
         del program  # the caller's only reference: the graph goes (the gate's eager module keeps the weights)
+        release_memory()  # the decompositions' retraced graphs, before serialization needs the room
         info = get_delegation_info(edge.exported_program().graph_module)
         et = edge.to_executorch(
             ExecutorchBackendConfig(

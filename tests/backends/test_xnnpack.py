@@ -10,7 +10,7 @@ import torch
 
 import backends.xnnpack.lower as xnnpack_lower
 from backends import get_backend
-from backends.xnnpack.passes import ONLY_WITH_OPS, needed
+from backends.xnnpack.preprocess import ONLY_WITH_OPS, needed
 from exporter.checkpoint import load_model, open_checkpoint
 from exporter.pipeline import export_program, prepare_module
 from exporter.recipe import load_recipe
@@ -85,12 +85,13 @@ def _lower_tiny(checkpoint: Path, out: Path) -> bytes:
     return out.read_bytes()
 
 
-def test_lean_passes_make_the_stock_program(
+def test_lean_preprocess_makes_the_stock_program(
     tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Dropping the passes that cannot fire changes nothing in the artifact, byte for byte."""
+    """Dropping the passes that cannot fire, and the weight copies, changes nothing in the
+    artifact, byte for byte."""
     lean = _lower_tiny(tiny_checkpoint, tmp_path / "lean.pte")
-    monkeypatch.setattr(xnnpack_lower, "lean_passes", contextlib.nullcontext)
+    monkeypatch.setattr(xnnpack_lower, "lean_preprocess", contextlib.nullcontext)
     assert _lower_tiny(tiny_checkpoint, tmp_path / "stock.pte") == lean
 
 
@@ -103,3 +104,21 @@ def test_a_pass_stays_when_its_ops_are_there() -> None:
 
     stock = {p.__name__ for p in XNNPACKPassManager(None).passes}  # type: ignore[arg-type]
     assert set(ONLY_WITH_OPS) <= stock  # a renamed pass upstream would otherwise go unnoticed
+
+
+def test_partition_copies_share_weights_not_graphs(tiny_checkpoint: Path) -> None:
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from backends.xnnpack.preprocess import shared_weights
+
+    recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
+    module = prepare_module(recipe, load_model(open_checkpoint(tiny_checkpoint), 64))
+    program = export_program(module, 64)
+    with shared_weights():
+        copied = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
+    stock = XnnpackBackend.copy_exported_program_for_preprocess(program, [])  # restored on exit
+    assert copied.graph_module is not program.graph_module
+    assert copied.state_dict is not program.state_dict
+    names = list(program.state_dict)
+    assert names and all(copied.state_dict[n] is program.state_dict[n] for n in names)
+    assert all(stock.state_dict[n] is not program.state_dict[n] for n in names)

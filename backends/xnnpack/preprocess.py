@@ -1,6 +1,6 @@
-"""XNNPACK's delegate passes without the ones that cannot fire on a partition.
+"""XNNPACK's ``preprocess`` without the work that changes nothing in its output.
 
-XNNPACK's ``preprocess`` runs 17 graph passes on every partition, and each retraces the whole
+**Passes.** XNNPACK's ``preprocess`` runs 17 graph passes on every partition, and each retraces the whole
 partition with fake tensors whether or not it finds anything to rewrite. On a decoder, six of them
 look for ops it never has (convolution, batch norm, PReLU, bilinear upsampling, the decomposed aten
 SDPA pattern) and take half of the time spent in XNNPACK passes (13 of 26 s on pycode-4m).
@@ -10,12 +10,20 @@ delegate blob is the one the stock pass list makes; ``tests/backends/test_xnnpac
 ``.pte`` files are byte-identical. ExecuTorch picks the pass list inside ``preprocess`` with no
 option for it, hence the scoped substitution of its pass manager below (stack pinned in
 pyproject.toml).
+
+**Copies.** Before ``preprocess``, ExecuTorch deep-copies every partition's program, weights
+included, all partitions at once ("in case backends change graph inside preprocess"): on a 1B model
+a second 1.3 GB of int8 codes, which made half of the lowering stage's peak. ExecuTorch leaves the
+copy to the backend (``BackendDetails.copy_exported_program_for_preprocess``); ours still copies
+each graph and its containers, but hands the same weight tensors to the copy. XNNPACK's passes
+replace constants rather than write into them, and the byte-identical test above covers this too.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 # Pass name -> substrings of the op names it rewrites (edge dialect, e.g. "aten.convolution.default").
@@ -63,3 +71,34 @@ def lean_passes() -> Iterator[None]:
         yield
     finally:
         preprocess.XNNPACKPassManager = stock
+
+
+@contextmanager
+def shared_weights() -> Iterator[None]:
+    """While active, each partition's program is deep-copied for ``preprocess`` except its tensors."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    own = "copy_exported_program_for_preprocess" in vars(XnnpackBackend)
+    stock = vars(XnnpackBackend).get("copy_exported_program_for_preprocess")
+
+    def copy_sharing_weights(cls: type, program: Any, compile_specs: list[Any]) -> Any:
+        tensors = [*program.state_dict.values(), *program.constants.values()]
+        return copy.deepcopy(program, {id(t): t for t in tensors})
+
+    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(copy_sharing_weights)
+    try:
+        yield
+    finally:
+        if own:
+            XnnpackBackend.copy_exported_program_for_preprocess = stock
+        else:
+            del XnnpackBackend.copy_exported_program_for_preprocess
+
+
+@contextmanager
+def lean_preprocess() -> Iterator[None]:
+    """Both of the above."""
+    with ExitStack() as stack:
+        stack.enter_context(lean_passes())
+        stack.enter_context(shared_weights())
+        yield
