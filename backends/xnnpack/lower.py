@@ -10,7 +10,7 @@ from torch.export import ExportedProgram
 from backends import Lowered, Stepper
 from exporter.memory import release_memory
 
-from .preprocess import lean_preprocess
+from .preprocess import forget_graphs, lean_preprocess
 
 
 class XnnpackBackend:
@@ -49,6 +49,7 @@ class XnnpackBackend:
             )
         )
         del edge
+        forget_graphs()  # else module-level state in ExecuTorch keeps this program alive after we return
         with open(out, "wb") as f:
             et.write_to_file(f)  # streams the segments; ``et.buffer`` would join them in memory first
         plan = next(p for p in et.executorch_program.execution_plan if p.name == "forward")

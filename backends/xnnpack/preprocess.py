@@ -17,11 +17,20 @@ a second 1.3 GB of int8 codes, which made half of the lowering stage's peak. Exe
 copy to the backend (``BackendDetails.copy_exported_program_for_preprocess``); ours still copies
 each graph and its containers, but hands the same weight tensors to the copy. XNNPACK's passes
 replace constants rather than write into them, and the byte-identical test above covers this too.
+
+**Leaks.** Module-level state in ExecuTorch keeps graph nodes once lowering is done: XNNPACK's
+partitioner configs log rejections through ``WhyNoPartition`` objects that keep the last rejected
+node, and ``is_same_node`` (the partitioner's graph check) has an unbounded ``lru_cache`` keyed by
+nodes. A node holds its graph, hence the whole lowered program with its delegate blobs, until the
+process ends; and torch's class-level fake-tensor dispatch cache keeps the outputs of the ops that
+lowering constant-folded (the packed embedding among them). ``forget_graphs`` lets them go: on a
+2-layer model of the 1B shape, 1.57 -> 1.23 GB resident after lowering.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -97,8 +106,22 @@ def shared_weights() -> Iterator[None]:
 
 @contextmanager
 def lean_preprocess() -> Iterator[None]:
-    """Both of the above."""
+    """The two substitutions above (``forget_graphs`` goes after the program is written)."""
     with ExitStack() as stack:
         stack.enter_context(lean_passes())
         stack.enter_context(shared_weights())
         yield
+
+
+def forget_graphs() -> None:
+    """Drop the nodes ExecuTorch's module-level state still holds after lowering."""
+    from executorch.exir.backend.utils import WhyNoPartition, is_same_node
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    is_same_node.cache_clear()
+    FakeTensorMode.cache.clear()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("executorch.backends.xnnpack") and module is not None:
+            for value in list(vars(module).values()):
+                if isinstance(value, WhyNoPartition):
+                    value.node = None

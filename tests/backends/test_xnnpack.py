@@ -52,6 +52,24 @@ def test_nothing_unexpected_outside_the_delegate(lowered) -> None:  # type: igno
     assert not any("linear" in op or "mm" in op for op in ops)
 
 
+def test_lowering_leaves_no_graph_in_module_state(lowered) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    from executorch.exir.backend.utils import WhyNoPartition, is_same_node
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert is_same_node.cache_info().currsize == 0
+    assert not FakeTensorMode.cache
+    loggers = [
+        v
+        for name, m in list(sys.modules.items())
+        if name.startswith("executorch.backends.xnnpack") and m is not None
+        for v in vars(m).values()
+        if isinstance(v, WhyNoPartition)
+    ]
+    assert loggers and all(w.node is None for w in loggers)
+
+
 def test_constant_methods_are_in_the_program(lowered) -> None:  # type: ignore[no-untyped-def]
     _, _, _, result = lowered
     assert {"forward", "get_max_seq_len", "get_vocab_size", "use_kv_cache"} <= set(result.runtime["methods"])
