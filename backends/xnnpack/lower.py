@@ -10,7 +10,7 @@ from torch.export import ExportedProgram
 from backends import Lowered, Stepper
 from exporter.memory import release_memory
 
-from .preprocess import forget_graphs, lean_preprocess
+from .lean import forget_graphs, lean_lowering
 
 
 class XnnpackBackend:
@@ -28,7 +28,7 @@ class XnnpackBackend:
         )
         from executorch.exir.passes import MemoryPlanningPass
 
-        with lean_preprocess():
+        with lean_lowering():
             edge = to_edge_transform_and_lower(
                 program,
                 partitioner=[XnnpackPartitioner()],

@@ -10,7 +10,7 @@ import torch
 
 import backends.xnnpack.lower as xnnpack_lower
 from backends import get_backend
-from backends.xnnpack.preprocess import ONLY_WITH_OPS, needed
+from backends.xnnpack.lean import ONLY_WITH_OPS, needed
 from exporter.checkpoint import load_model, open_checkpoint
 from exporter.pipeline import export_program, prepare_module
 from exporter.recipe import load_recipe
@@ -103,13 +103,13 @@ def _lower_tiny(checkpoint: Path, out: Path) -> bytes:
     return out.read_bytes()
 
 
-def test_lean_preprocess_makes_the_stock_program(
+def test_lean_lowering_makes_the_stock_program(
     tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Dropping the passes that cannot fire, and the weight copies, changes nothing in the
     artifact, byte for byte."""
     lean = _lower_tiny(tiny_checkpoint, tmp_path / "lean.pte")
-    monkeypatch.setattr(xnnpack_lower, "lean_preprocess", contextlib.nullcontext)
+    monkeypatch.setattr(xnnpack_lower, "lean_lowering", contextlib.nullcontext)
     assert _lower_tiny(tiny_checkpoint, tmp_path / "stock.pte") == lean
 
 
@@ -127,7 +127,7 @@ def test_a_pass_stays_when_its_ops_are_there() -> None:
 def test_partition_copies_share_weights_not_graphs(tiny_checkpoint: Path) -> None:
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
-    from backends.xnnpack.preprocess import shared_weights
+    from backends.xnnpack.lean import shared_weights
 
     recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
     module = prepare_module(recipe, load_model(open_checkpoint(tiny_checkpoint), 64))

@@ -1,4 +1,11 @@
-"""XNNPACK's ``preprocess`` without the work that changes nothing in its output.
+"""Lowering to XNNPACK without the work that changes nothing in its output.
+
+**Decompositions.** ``to_edge_transform_and_lower`` retraces the whole program three times with
+``run_decompositions`` (functionalize; decompose all but what XNNPACK keeps; decompose again after
+XNNPACK has vetted the kept ops). On our graph the third finds nothing to rewrite but
+``aten.sym_size.int``, whose decomposition traces back to itself, and costs 6 s of pycode-4m's
+36 s of lowering (18 s on the 1B shape). ``skip_idle_decompositions`` returns a functional program
+unchanged when no op of it but those has a decomposition in the table.
 
 **Passes.** XNNPACK's ``preprocess`` runs 17 graph passes on every partition, and each retraces the whole
 partition with fake tensors whether or not it finds anything to rewrite. On a decoder, six of them
@@ -104,10 +111,52 @@ def shared_weights() -> Iterator[None]:
             del XnnpackBackend.copy_exported_program_for_preprocess
 
 
+# Ops whose decomposition retraces to the op itself: their presence alone is no reason to retrace.
+SELF_DECOMPOSING = ("aten.sym_size.int",)
+
+
+def idle(program: Any, table: dict[Any, Any] | None) -> bool:
+    """Whether ``run_decompositions(table)`` would give ``program`` back as it is: the graph is
+    already functional (no op mutates its inputs) and no op in it has a decomposition to apply."""
+    import torch
+
+    if not table:
+        return False  # the functionalizing call
+    for node in program.graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            return False
+        if target in table and str(target) not in SELF_DECOMPOSING:
+            return False
+    return True
+
+
 @contextmanager
-def lean_preprocess() -> Iterator[None]:
-    """The two substitutions above (``forget_graphs`` goes after the program is written)."""
+def skip_idle_decompositions() -> Iterator[None]:
+    """While active, ``run_decompositions`` returns an ``idle`` program unchanged."""
+    from torch.export import ExportedProgram
+
+    stock = ExportedProgram.run_decompositions
+
+    def run_decompositions(self: Any, decomp_table: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if idle(self, decomp_table):
+            return self
+        return stock(self, decomp_table, *args, **kwargs)
+
+    ExportedProgram.run_decompositions = run_decompositions  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ExportedProgram.run_decompositions = stock  # type: ignore[method-assign]
+
+
+@contextmanager
+def lean_lowering() -> Iterator[None]:
+    """The substitutions above (``forget_graphs`` goes after the program is written)."""
     with ExitStack() as stack:
+        stack.enter_context(skip_idle_decompositions())
         stack.enter_context(lean_passes())
         stack.enter_context(shared_weights())
         yield
