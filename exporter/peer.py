@@ -178,26 +178,39 @@ def our_export(checkpoint: Path, out: Path, random_weights: bool = False) -> dic
     return {**result, "pte": folder / "model.pte", "stages": stages}
 
 
-def runner_speed(pte: Path, tokenizer: Path, prompt: str, repeats: int) -> dict[str, float]:
+def runner_speeds(
+    ptes: dict[str, Path], tokenizer: Path, prompt: str, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Prefill and decode tokens/s of each program through ``TextLLMRunner``: one warm-up round
+    each, then ``repeats`` rounds taken in turn (ours, peer, ours, ...), so that a drift of the
+    machine's speed during the measurement falls on both alike; medians."""
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     from .runtime import load_executorch_kernels, native_logs_captured
 
     load_executorch_kernels()
-    stats: list[dict[str, Any]] = []
+    stats: dict[str, list[dict[str, Any]]] = {name: [] for name in ptes}
     with native_logs_captured():
-        runner = TextLLMRunner(str(pte), str(tokenizer))
-        for _ in range(repeats + 1):
-            runner.reset()
-            config = GenerationConfig(max_new_tokens=64, temperature=0.0, echo=False, num_bos=1)
-            runner.generate(
-                prompt, config, stats_callback=lambda s: stats.append(json.loads(s.to_json_string()))
-            )
-    stats = stats[1:]  # first round warms up
+        runners = {name: TextLLMRunner(str(pte), str(tokenizer)) for name, pte in ptes.items()}
+        for round_ in range(repeats + 1):
+            for name, runner in runners.items():
+                runner.reset()
+                config = GenerationConfig(max_new_tokens=64, temperature=0.0, echo=False, num_bos=1)
+                got: list[dict[str, Any]] = []
+                runner.generate(
+                    prompt,
+                    config,
+                    stats_callback=lambda s, got=got: got.append(json.loads(s.to_json_string())),
+                )
+                if round_:  # the first round warms up
+                    stats[name] += got
     return {
-        "prefill_tokens_per_s": statistics.median(s["prefill_token_per_sec"] for s in stats),
-        "decode_tokens_per_s": statistics.median(s["decode_token_per_sec"] for s in stats),
-        "prompt_tokens": stats[0]["prompt_tokens"],
+        name: {
+            "prefill_tokens_per_s": statistics.median(s["prefill_token_per_sec"] for s in runs),
+            "decode_tokens_per_s": statistics.median(s["decode_token_per_sec"] for s in runs),
+            "prompt_tokens": runs[0]["prompt_tokens"],
+        }
+        for name, runs in stats.items()
     }
 
 
@@ -234,8 +247,9 @@ def race(
     ours = our_export(checkpoint, work / "ours", random_weights)
     fp32_ppl = perplexity_of(fp32_reference(load_model(ckpt, 512), ids))
     rows: dict[str, dict[str, Any]] = {}
+    speeds = runner_speeds({"ours": ours["pte"], "peer": peer["pte"]}, ckpt.tokenizer_path, prompt, repeats)
     for name, r in (("ours", ours), ("peer", peer)):
-        speed = runner_speed(r["pte"], ckpt.tokenizer_path, prompt, repeats)
+        speed = speeds[name]
         rows[name] = {
             "export_wall_s": r["wall_s"],
             "export_peak_rss_mb": r["peak_rss_mb"],

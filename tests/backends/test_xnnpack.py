@@ -140,3 +140,35 @@ def test_partition_copies_share_weights_not_graphs(tiny_checkpoint: Path) -> Non
     names = list(program.state_dict)
     assert names and all(copied.state_dict[n] is program.state_dict[n] for n in names)
     assert all(stock.state_dict[n] is not program.state_dict[n] for n in names)
+
+
+def test_a_decomposition_round_is_skipped_only_when_it_has_nothing_to_do() -> None:
+    from torch.export import export
+
+    from backends.xnnpack.lean import idle
+
+    class Net(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.silu(x) + x.shape[1]
+
+    x = torch.randn(2, 3)
+    program = export(Net(), (x,), dynamic_shapes=({1: torch.export.Dim("n")},))
+    silu = torch.ops.aten.silu.default
+    sym_size = torch.ops.aten.sym_size.int
+    table = {silu: lambda t: t * torch.sigmoid(t), sym_size: lambda t, d: t.shape[d]}
+    assert not idle(program, {})  # the functionalizing round always runs
+    assert not idle(program, table)  # silu has a decomposition to apply
+    decomposed = program.run_decompositions(table)
+    assert idle(decomposed, table)  # what is left decomposes to itself (sym_size) or not at all
+    assert torch.equal(decomposed.module()(x), Net()(x))
+
+    class Mutating(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.count.add_(1)
+            return x + self.count
+
+    assert not idle(export(Mutating(), (x,)), table)  # not functional yet
