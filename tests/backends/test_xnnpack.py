@@ -172,3 +172,19 @@ def test_a_decomposition_round_is_skipped_only_when_it_has_nothing_to_do() -> No
             return x + self.count
 
     assert not idle(export(Mutating(), (x,)), table)  # not functional yet
+
+
+def test_compact_dependencies_hold_the_same_nodes(tiny_checkpoint: Path) -> None:
+    from torch.fx.passes.infra.partitioner import _DependencyViewer
+
+    from backends.xnnpack.lean import CompactDependencyViewer
+
+    recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
+    module = prepare_module(recipe, load_model(open_checkpoint(tiny_checkpoint), 64))
+    gm = export_program(module, 64).graph_module
+    stock, compact = _DependencyViewer(gm), CompactDependencyViewer(gm)
+    nodes = list(gm.graph.nodes)
+    assert any(stock.downstreams_of(n) for n in nodes)
+    for n in nodes:
+        got = compact.downstreams_of(n)
+        assert len(got) == len(set(got)) and set(got) == stock.downstreams_of(n)
