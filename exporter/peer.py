@@ -182,8 +182,9 @@ def runner_speeds(
     ptes: dict[str, Path], tokenizer: Path, prompt: str, repeats: int
 ) -> dict[str, dict[str, float]]:
     """Prefill and decode tokens/s of each program through ``TextLLMRunner``: one warm-up round
-    each, then ``repeats`` rounds taken in turn (ours, peer, ours, ...), so that a drift of the
-    machine's speed during the measurement falls on both alike; medians."""
+    each, then ``repeats`` rounds in which they take turns, the order flipped every round (ours,
+    peer, peer, ours, ...), so that a drift of the machine's speed falls on both alike; medians.
+    Both programs are loaded for the whole measurement."""
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     from .runtime import load_executorch_kernels, native_logs_captured
@@ -192,8 +193,9 @@ def runner_speeds(
     stats: dict[str, list[dict[str, Any]]] = {name: [] for name in ptes}
     with native_logs_captured():
         runners = {name: TextLLMRunner(str(pte), str(tokenizer)) for name, pte in ptes.items()}
+        order = list(runners.items())
         for round_ in range(repeats + 1):
-            for name, runner in runners.items():
+            for name, runner in order if round_ % 2 else order[::-1]:
                 runner.reset()
                 config = GenerationConfig(max_new_tokens=64, temperature=0.0, echo=False, num_bos=1)
                 got: list[dict[str, Any]] = []

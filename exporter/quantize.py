@@ -58,7 +58,7 @@ def untie_embeddings(model: Transformer) -> Transformer:
 
 # Elements per block of rows: 2 MB of fp32, so each pass of a scale search (HQQ makes 20 over the
 # weight) runs in cache instead of streaming the whole tensor from memory. Measured on a 1B model's
-# [8192, 2048] projection: 4.3 s whole, 0.3 s in blocks, with the same codes and scales.
+# [8192, 2048] projection: 4.3 s whole, 0.3 s in blocks (same codes and scales on that weight).
 BLOCK_ELEMENTS = 1 << 19
 
 
@@ -74,7 +74,11 @@ def quantize_linears(module: nn.Module, q: LinearQuant | None, dtype: torch.dtyp
     if q is not None:
         config = _linear_config(q)
         for linear in [m for m in module.modules() if isinstance(m, nn.Linear)]:
-            quantize_rows(linear, lambda m: _apply(m, config, nn.Linear), dtype or linear.weight.dtype)
+            if q.scheme == "int4_weight_only":  # packed for the CPU int4 kernel: no row blocks
+                linear.weight = nn.Parameter(linear.weight.detach().to(dtype or linear.weight.dtype), False)
+                _apply(linear, config, nn.Linear)
+            else:
+                quantize_rows(linear, lambda m: _apply(m, config, nn.Linear), dtype or linear.weight.dtype)
     return module
 
 
@@ -98,13 +102,13 @@ def quantize_rows(
     (None: as many as make ``BLOCK_ELEMENTS``).
 
     torchao's group-wise schemes quantize each row's groups on their own, so the blocks, joined,
-    are the tensor a whole-weight call gives (``tests/test_quantize.py`` checks it), while the
-    transient fp32 copies and the scale search stay the size of one block, in cache: quantizing a
-    1B model's [128256, 2048] head at once takes 4 GB besides the weight. (HQQ's early stop is the
-    one cross-row coupling: it ends when the largest change of any scale in the call is below
-    1e-5, so a block can stop a few iterations before the whole would, at that tolerance.) A scheme
-    whose tensor is not ``IntxUnpackedToInt8Tensor`` with one scale row per weight row (the packed
-    int4 server layout) is quantized whole."""
+    are the tensor a whole-weight call gives, up to one coupling: HQQ stops early once the largest
+    change of any scale in the call is below 1e-5, so a block can stop a few iterations before the
+    whole would, at that tolerance (``tests/test_quantize.py`` finds them equal on its weight).
+    Meanwhile the transient fp32 copies and the scale search stay the size of one block, in cache:
+    quantizing a 1B model's [128256, 2048] head at once takes 4 GB besides the weight. A scheme
+    whose tensor is not ``IntxUnpackedToInt8Tensor`` with one scale row per weight row is
+    quantized whole."""
     from torchao.quantization import IntxUnpackedToInt8Tensor
 
     weight = module.weight.detach()

@@ -54,11 +54,21 @@ def model_teacher(model: Transformer) -> Teacher:
 HEAD_BLOCK_ELEMENTS = 1 << 23
 
 
+def _dequantizes_whole(weight: torch.Tensor) -> bool:
+    """A torchao weight that dequantizes itself whole on every call, and can be sliced by rows.
+    Plain tensors need neither, and the packed int4 server layout cannot be sliced."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    return isinstance(weight, IntxUnpackedToInt8Tensor)
+
+
 def embedding_rows(embedding: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
     """``embedding(tokens)``, one table row per distinct token. torchao's quantized embedding
     dequantizes the whole table to fp32 before it gathers: 1 GB on a 1B model, on every call."""
-    distinct, where = tokens.unique(return_inverse=True)
     w = embedding.weight
+    if not _dequantizes_whole(w):
+        return embedding(tokens)
+    distinct, where = tokens.unique(return_inverse=True)
     rows = torch.cat([F.embedding(torch.tensor([0]), w[t : t + 1]) for t in distinct.tolist()])
     return rows[where]
 
@@ -69,6 +79,8 @@ def blockwise_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     in the gate's eager forward it was the build's peak (+1.9 GB over the resident model).
     Sliced, the transient is one block; each output is the same dot product either way."""
     w, b = linear.weight, linear.bias
+    if not _dequantizes_whole(w):
+        return linear(x)
     rows = max(1, HEAD_BLOCK_ELEMENTS // w.shape[1])
     blocks = range(0, w.shape[0], rows)
     return torch.cat(

@@ -77,8 +77,14 @@ def test_row_blocks_give_the_whole_weight_quantization() -> None:
         whole.weight = nn.Parameter(weight.float(), requires_grad=False)
         _apply(whole, config, type(whole))  # torchao's quantize_ on the whole fp32 weight at once
         blocks.weight = nn.Parameter(weight, requires_grad=False)
-        with patch("exporter.quantize.BLOCK_ELEMENTS", 7 * 64):  # 7-row blocks, cast one at a time
+        import exporter.quantize as quantize
+
+        with (
+            patch("exporter.quantize.BLOCK_ELEMENTS", 7 * 64),  # 7-row blocks, cast one at a time
+            patch("exporter.quantize._like", wraps=quantize._like) as pieces,
+        ):
             ours(blocks, setting, torch.float32)  # type: ignore[operator]
+        assert pieces.call_count == 15  # the block path really ran: ceil(100 / 7) blocks
         assert type(blocks.weight) is type(whole.weight)
         for got, want in zip(_parts(blocks.weight), _parts(whole.weight), strict=True):
             assert torch.equal(got, want)

@@ -27,10 +27,12 @@ copy to the backend (``BackendDetails.copy_exported_program_for_preprocess``); o
 each graph and its containers, but hands the same weight tensors to the copy. XNNPACK's passes
 replace constants rather than write into them, and the byte-identical test above covers this too.
 
-**Dependency sets.** The partitioner (torch.fx's ``CapabilityBasedPartitioner``) first records,
-for every node, the set of all nodes downstream of it: N^2 / 2 set entries, 0.6 GB for the 3,600
-nodes of a 30-layer model, the peak of its whole build. It only ever iterates over them, so
-``compact_dependencies`` keeps each one as a tuple (8 bytes an entry) instead.
+**Dependency sets.** XNNPACK's partitioner (ExecuTorch's ``GroupBasedPartitioner``, built on
+torch.fx's ``CapabilityBasedPartitioner``) first records, for every node, the set of all nodes
+downstream of it, twice over (torch's viewer, then ExecuTorch's, which adds the upstream sets):
+N^2 / 2 set entries each, a transient 0.6 GB on the 3,600 nodes of a 30-layer model, the peak of
+its build. They are only ever iterated, so ``compact_dependencies`` keeps each one as a tuple
+(8 bytes an entry), and upstream sets only if asked for.
 
 **Leaks.** Module-level state in ExecuTorch keeps graph nodes once lowering is done: XNNPACK's
 partitioner configs log rejections through ``WhyNoPartition`` objects that keep the last rejected
@@ -102,7 +104,8 @@ def lean_passes() -> Iterator[None]:
 
 @contextmanager
 def shared_weights() -> Iterator[None]:
-    """While active, each partition's program is deep-copied for ``preprocess`` except its tensors."""
+    """While active, each partition's program is deep-copied for ``preprocess`` except its weights
+    and constants (tensors, and the few script objects ``constants`` may hold), which are shared."""
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
     own = "copy_exported_program_for_preprocess" in vars(XnnpackBackend)
@@ -164,10 +167,13 @@ def skip_idle_decompositions() -> Iterator[None]:
 
 
 class CompactDependencyViewer:
-    """torch.fx's ``_DependencyViewer`` with each node's transitive users in a tuple, not a set."""
+    """The partitioners' ``_DependencyViewer`` with each node's transitive users (and, on demand,
+    inputs) in a tuple, not a set."""
 
     def __init__(self, graph_module: Any) -> None:
+        self.graph_module = graph_module
         self.downstreams: dict[Any, tuple[Any, ...]] = {}
+        self._upstreams: dict[Any, tuple[Any, ...]] | None = None
         for node in reversed(graph_module.graph.nodes):
             down: set[Any] = set()
             for user in node.users:  # users come later in the graph: already recorded
@@ -178,17 +184,32 @@ class CompactDependencyViewer:
     def downstreams_of(self, node: Any) -> tuple[Any, ...]:
         return self.downstreams.get(node, ())
 
+    def upstreams_of(self, node: Any) -> tuple[Any, ...]:
+        if self._upstreams is None:  # ExecuTorch builds these but never reads them
+            self._upstreams = {}
+            for n in self.graph_module.graph.nodes:
+                up: set[Any] = set()
+                for i in n.all_input_nodes:  # inputs come earlier: already recorded
+                    up.add(i)
+                    up.update(self._upstreams[i])
+                self._upstreams[n] = tuple(up)
+        return self._upstreams.get(node, ())
+
 
 @contextmanager
 def compact_dependencies() -> Iterator[None]:
-    import torch.fx.passes.infra.partitioner as partitioner
+    import executorch.exir.backend.canonical_partitioners.group_partitioner as grouped
+    import torch.fx.passes.infra.partitioner as capability
 
-    stock = partitioner._DependencyViewer
-    partitioner._DependencyViewer = CompactDependencyViewer  # type: ignore[misc, assignment]
+    modules: tuple[Any, ...] = (capability, grouped)
+    stock = [m._DependencyViewer for m in modules]
+    for m in modules:
+        m._DependencyViewer = CompactDependencyViewer
     try:
         yield
     finally:
-        partitioner._DependencyViewer = stock  # type: ignore[misc]
+        for m, viewer in zip(modules, stock, strict=True):
+            m._DependencyViewer = viewer
 
 
 @contextmanager
@@ -199,6 +220,7 @@ def lean_lowering() -> Iterator[None]:
         stack.enter_context(lean_passes())
         stack.enter_context(shared_weights())
         stack.enter_context(compact_dependencies())
+        stack.callback(forget_graphs)  # on failure too; ``lower`` calls it again after serializing
         yield
 
 

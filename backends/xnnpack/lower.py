@@ -39,17 +39,19 @@ class XnnpackBackend:
         del program  # the caller's only reference: the graph goes (the gate's eager module keeps the weights)
         release_memory()  # the decompositions' retraced graphs, before serialization needs the room
         info = get_delegation_info(edge.exported_program().graph_module)
-        et = edge.to_executorch(
-            ExecutorchBackendConfig(
-                extract_delegate_segments=True,
-                # Folds torchao's dequantize_affine on the embedding into
-                # quantized_decomposed::embedding_{4,8}bit, which has an out variant.
-                do_quant_fusion_and_const_prop=True,
-                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        try:
+            et = edge.to_executorch(
+                ExecutorchBackendConfig(
+                    extract_delegate_segments=True,
+                    # Folds torchao's dequantize_affine on the embedding into
+                    # quantized_decomposed::embedding_{4,8}bit, which has an out variant.
+                    do_quant_fusion_and_const_prop=True,
+                    memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+                )
             )
-        )
-        del edge
-        forget_graphs()  # else module-level state in ExecuTorch keeps this program alive after we return
+            del edge
+        finally:
+            forget_graphs()  # else module-level state in ExecuTorch keeps this program alive after we return
         with open(out, "wb") as f:
             et.write_to_file(f)  # streams the segments; ``et.buffer`` would join them in memory first
         plan = next(p for p in et.executorch_program.execution_plan if p.name == "forward")

@@ -56,10 +56,8 @@ def test_lowering_leaves_no_graph_in_module_state(lowered) -> None:  # type: ign
     import sys
 
     from executorch.exir.backend.utils import WhyNoPartition, is_same_node
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     assert is_same_node.cache_info().currsize == 0
-    assert not FakeTensorMode.cache
     loggers = [
         v
         for name, m in list(sys.modules.items())
@@ -182,9 +180,24 @@ def test_compact_dependencies_hold_the_same_nodes(tiny_checkpoint: Path) -> None
     recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
     module = prepare_module(recipe, load_model(open_checkpoint(tiny_checkpoint), 64))
     gm = export_program(module, 64).graph_module
-    stock, compact = _DependencyViewer(gm), CompactDependencyViewer(gm)
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import (
+        _DependencyViewer as GroupViewer,
+    )
+
+    from backends.xnnpack.lean import compact_dependencies
+
+    stock, grouped, compact = _DependencyViewer(gm), GroupViewer(gm), CompactDependencyViewer(gm)
     nodes = list(gm.graph.nodes)
     assert any(stock.downstreams_of(n) for n in nodes)
     for n in nodes:
-        got = compact.downstreams_of(n)
+        got, up = compact.downstreams_of(n), compact.upstreams_of(n)
         assert len(got) == len(set(got)) and set(got) == stock.downstreams_of(n)
+        assert len(up) == len(set(up)) and set(up) == grouped.upstreams_of(n)
+    # XNNPACK's partitioner builds ExecuTorch's viewer on top of torch's: both are replaced.
+    from executorch.exir.backend.canonical_partitioners import group_partitioner
+    from torch.fx.passes.infra import partitioner
+
+    with compact_dependencies():
+        assert partitioner._DependencyViewer is CompactDependencyViewer
+        assert group_partitioner._DependencyViewer is CompactDependencyViewer
+    assert group_partitioner._DependencyViewer is GroupViewer
