@@ -201,3 +201,17 @@ def test_compact_dependencies_hold_the_same_nodes(tiny_checkpoint: Path) -> None
         assert partitioner._DependencyViewer is CompactDependencyViewer
         assert group_partitioner._DependencyViewer is CompactDependencyViewer
     assert group_partitioner._DependencyViewer is GroupViewer
+
+
+def test_idle_edge_passes_return_the_graph_and_are_restored() -> None:
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+
+    from backends.xnnpack.lean import skip_idle_edge_passes
+
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))  # no aten.t in it
+    stock = NormalizeTransposePass.__call__
+    with skip_idle_edge_passes():
+        assert NormalizeTransposePass.__call__ is not stock
+        result = NormalizeTransposePass()(gm)
+        assert result.graph_module is gm and not result.modified
+    assert NormalizeTransposePass.__call__ is stock
