@@ -75,17 +75,31 @@ def build(recipe: str, checkpoint: Path | None, out: Path | None, overrides: tup
 
 @main.command()
 @click.argument("artifact_dir", type=click.Path(path_type=Path))
-@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--prompt", help="Raw text to continue.")
+@click.option("--chat", "message", help="A user message, rendered with the checkpoint's chat template.")
+@click.option("--system", help="System message for --chat (default: the template's own, if any).")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
-def run(artifact_dir: Path, prompt: str, max_new_tokens: int) -> None:
-    """Generate from an artifact in its own runtime and report tokens/s."""
+def run(
+    artifact_dir: Path, prompt: str | None, message: str | None, system: str | None, max_new_tokens: int
+) -> None:
+    """Generate greedily from an artifact in its own runtime and report tokens/s.
+
+    --prompt continues raw text; --chat answers a message as transformers' apply_chat_template
+    would prompt the model, and stops at the checkpoint's end-of-turn token."""
     from .play import generate
 
-    result = generate(artifact_dir, prompt, max_new_tokens)
+    if (prompt is None) == (message is None):
+        raise click.UsageError("give exactly one of --prompt and --chat")
+    if system is not None and message is None:
+        raise click.UsageError("--system goes with --chat")
+    text = message if message is not None else prompt
+    assert text is not None
+    result = generate(artifact_dir, text, max_new_tokens, chat=message is not None, system=system)
     click.echo(result.text)
     click.echo(
         f"prefill {result.prefill_tokens} tokens at {result.prefill_tokens_per_s:.1f} tok/s, "
-        f"decode {result.decode_tokens} tokens at {result.decode_tokens_per_s:.1f} tok/s",
+        f"decode {result.decode_tokens} tokens at {result.decode_tokens_per_s:.1f} tok/s"
+        + (", stopped at EOS" if result.stopped_at_eos else ""),
         err=True,
     )
 

@@ -11,10 +11,14 @@ from typing import Any
 from .checkpoint import digest_files, load_model, open_checkpoint
 from .errors import ArtifactError
 from .manifest import MANIFEST, read_manifest
-from .pipeline import DEFAULT_CHECKPOINT, heldout_path
+from .gate_inputs import text_path as gate_text
+from .pipeline import DEFAULT_CHECKPOINT
 from .runtime import load_artifact, native_logs_captured, score
 from .tokenizer import encode, load_tokenizer, tokenizer_info
+from .recipe import ValidationSettings
 from .validate import distribution_figures, fp32_reference
+
+CLEAR_MARGIN = ValidationSettings().clear_margin
 
 
 def evaluate(
@@ -31,7 +35,7 @@ def evaluate(
         raise ArtifactError(
             ckpt.path, f"is not the checkpoint {manifest['model']['name']!r} was built from (digest differs)"
         )
-    text_path = text_file or heldout_path(ckpt.path)
+    text_path = text_file or gate_text(manifest['recipe']['resolved']['validation'].get('text', ''), ckpt.path)[0]
     try:
         text = text_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -44,8 +48,8 @@ def evaluate(
     reference = fp32_reference(load_model(ckpt, manifest["runtime"]["max_seq_len"]), ids)
     with native_logs_captured():
         logits = score(load_artifact(Path(artifact_dir), manifest), ids)
-    artifact = distribution_figures(logits, reference)
-    fp32 = distribution_figures(reference.logits, reference)
+    artifact = distribution_figures(logits, reference, CLEAR_MARGIN)
+    fp32 = distribution_figures(reference.logits, reference, CLEAR_MARGIN)
     result = {
         "text": str(text_path),
         "tokens_scored": len(ids) - 1,
@@ -53,6 +57,8 @@ def evaluate(
         "fp32_perplexity": fp32["perplexity"],
         "perplexity_ratio": artifact["perplexity"] / fp32["perplexity"],
         "top1_agreement": artifact["top1_agreement"],
+        "top1_agreement_clear": artifact["top1_agreement_clear"],
+        "clear_positions": artifact["clear_positions"],
         "mean_kl": artifact["mean_kl"],
     }
     _merge_into_manifest(Path(artifact_dir), manifest, result)

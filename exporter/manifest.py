@@ -11,7 +11,9 @@ from typing import Any
 
 from .errors import ArtifactError
 
-SCHEMA_VERSION = 1
+# 2: tokenizer facts as transformers applies them (add_bos from the post-processor, special tokens,
+# generation defaults), the gate's scale-free figures and its text.
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 
 # Where each operator namespace outside the delegate comes from, for the app team's link line.

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from .checkpoint import load_model, open_checkpoint
-from .pipeline import DEFAULT_CHECKPOINT, HELDOUT
+from .gate_inputs import HELDOUT
+from .pipeline import DEFAULT_CHECKPOINT
 
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": {
@@ -157,10 +158,10 @@ def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any]) -> dic
     return {**result, "pte": out / "model.pte"}
 
 
-# Random weights have near-uniform next-token distributions, so quality thresholds mean nothing for
-# them; the gate still runs (its cost is part of ours) with thresholds it cannot miss.
+# Random weights have near-uniform next-token distributions, so quality against fp32 means nothing
+# for them; the gate still runs (its cost is part of ours) and still holds the artifact to the
+# eager model it came from (greedy tokens, logit error, KL), only the fp32-quality bounds are off.
 RANDOM_WEIGHT_GATE = (
-    "validation.max_logit_abs_diff=1e9",
     "validation.min_top1_agreement=1e-9",
     "validation.max_perplexity_ratio=1e9",
     "validation.eval_tokens=64",

@@ -7,6 +7,7 @@ passed, so a failed or interrupted build leaves the previous artifact untouched 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -22,8 +23,9 @@ import torch
 
 from backends import Backend, get_backend
 
-from .checkpoint import Checkpoint, digest_files, open_checkpoint, sha256_file
-from .errors import CheckpointError, ExporterError, ValidationError
+from .checkpoint import Checkpoint, check_finite, digest_files, open_checkpoint, sha256_file
+from .errors import ArtifactError, CheckpointError, ExporterError, ValidationError
+from .gate_inputs import GateInputs, gate_inputs
 from .manifest import kernel_libraries, tool_versions, write_manifest
 from .memory import peak_rss_mb, release_memory
 from .model import Transformer
@@ -31,7 +33,7 @@ from .quantize import quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
 from .runtime import native_logs_captured
 from .stream import DTYPES, stream_module
-from .tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
+from .tokenizer import TokenizerInfo, load_tokenizer, tokenizer_info
 from .transforms import for_export
 from .validate import model_teacher, validate
 
@@ -39,7 +41,7 @@ log = logging.getLogger("exporter")
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "pycode-4m"
 DEFAULT_OUT = Path("artifacts")
-HELDOUT = "heldout.txt"
+FAILED_SUFFIX = ".failed.json"
 
 
 @contextmanager
@@ -60,12 +62,14 @@ class BuildInputs:
     tokenizer: Any
     tokenizer_info: TokenizerInfo
     target: Path
+    gate: GateInputs
 
 
 def prepare(
     recipe_arg: str, checkpoint: Path | None, out: Path | None, overrides: tuple[str, ...]
 ) -> BuildInputs:
-    """Every check that needs no weights: recipe, config, tokenizer, output folder."""
+    """Every check that needs no weights: recipe, config, tokenizer, the gate's text and prompts
+    against the cache length, output folder."""
     recipe = load_recipe(recipe_arg, overrides)
     recipe_file = recipe_path(recipe_arg)
     ckpt = open_checkpoint(checkpoint or DEFAULT_CHECKPOINT)
@@ -78,7 +82,8 @@ def prepare(
             f"tokenizer has {info.vocab_size} tokens, the model's vocab_size is {ckpt.args.vocab_size}",
         )
     target = (out or DEFAULT_OUT) / ckpt.name / recipe.name
-    return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target)
+    gate = gate_inputs(recipe, recipe_file, tokenizer, info, ckpt.path)
+    return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target, gate)
 
 
 def make_staging(target: Path) -> Path:
@@ -96,18 +101,6 @@ def publish(staging: Path, target: Path) -> None:
         target.rename(old)
     staging.rename(target)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def heldout_path(checkpoint_dir: Path) -> Path:
-    """Held-out text shipped with the checkpoint, else the default model's (Python source)."""
-    path = checkpoint_dir / HELDOUT
-    return path if path.is_file() else DEFAULT_CHECKPOINT / HELDOUT
-
-
-def heldout_ids(inputs: BuildInputs, n_tokens: int) -> tuple[list[int], str]:
-    path = heldout_path(inputs.checkpoint.path)
-    ids = encode(inputs.tokenizer, inputs.tokenizer_info, path.read_text(encoding="utf-8"))
-    return ids[: n_tokens + 1], str(path.relative_to(path.parent.parent))
 
 
 def export_program(module: torch.nn.Module, max_seq_len: int) -> torch.export.ExportedProgram:
@@ -160,6 +153,19 @@ def prepare_module(recipe: Recipe, model: Transformer) -> torch.nn.Module:
     return for_export(recipe, model)
 
 
+def failed_path(target: Path) -> Path:
+    """Where a build that fails its gate leaves its figures: beside the target, never inside it."""
+    return target.with_name(target.name + FAILED_SUFFIX)
+
+
+def write_failure(target: Path, record: dict[str, Any]) -> Path:
+    path = failed_path(target)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, path)  # a reader sees a whole file or none
+    return path
+
+
 def build(
     recipe_arg: str,
     checkpoint: Path | None = None,
@@ -174,6 +180,7 @@ def build(
         manifest = _build_into(inputs, backend, staging)
         write_manifest(staging, manifest)
         publish(staging, inputs.target)
+        failed_path(inputs.target).unlink(missing_ok=True)  # the target is good again
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return inputs.target
@@ -182,12 +189,11 @@ def build(
 def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[str, Any]:
     """The checkpoint is streamed into the quantized module (fp32 reference logits computed on the
     way); the gate then runs the artifact, and eager teacher-forced along the artifact's tokens."""
-    recipe, ckpt = inputs.recipe, inputs.checkpoint
+    recipe, ckpt, gate = inputs.recipe, inputs.checkpoint, inputs.gate
     timings: dict[str, Any] = {}
-    ids, heldout_source = heldout_ids(inputs, recipe.validation.eval_tokens)
-    prompts = [encode(inputs.tokenizer, inputs.tokenizer_info, p) for p in recipe.validation.prompts]
     with stage(timings, "load_quantize"):
-        module, reference = stream_module(ckpt, recipe, ids)
+        check_finite(ckpt)
+        module, reference = stream_module(ckpt, recipe, gate.ids)
         release_memory()
     with stage(timings, "export"):
         held = [export_program(module, recipe.export.max_seq_len)]
@@ -196,19 +202,38 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
         lowered = backend.lower(held.pop(), constant_methods(inputs), staging / f"model{backend.suffix}")
         release_memory()
     with stage(timings, "validate"), native_logs_captured():
-        figures = validate(
-            backend.load(lowered.path), model_teacher(module.model), prompts, reference, recipe.validation
-        )
-    figures["heldout_text"] = heldout_source
+        try:
+            artifact = backend.load(lowered.path)
+        except ArtifactError as e:
+            figures = {"passed": False, "failures": [f"the built program does not load: {e.message}"]}
+            raise _gate_failed(inputs, figures, timings) from None
+        figures = validate(artifact, model_teacher(module.model), gate.prompts, reference, recipe.validation)
+        del artifact
+    figures["text"] = gate.text
+    figures["chat_prompts"] = gate.chat_prompts
     if not figures["passed"]:
-        raise ValidationError(
-            staging.parent / inputs.target.name,
-            "validation failed, nothing published: " + "; ".join(figures["failures"]),
-        )
+        raise _gate_failed(inputs, figures, timings)
     shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")
     # A backend that repacks weights (XNNPACK) says what it stored; otherwise the program's own.
     runtime = {"weight_bytes": weights, **lowered.runtime}
     return assemble_manifest(inputs, lowered.path, runtime, figures, timings)
+
+
+def _gate_failed(inputs: BuildInputs, figures: dict[str, Any], timings: dict[str, Any]) -> ValidationError:
+    """Write the failed build's figures beside the target; the error names that file."""
+    record = {
+        "failed": True,
+        "model": inputs.checkpoint.name,
+        "checkpoint": str(inputs.checkpoint.path),
+        "recipe": {"name": inputs.recipe.name, "resolved": inputs.recipe.to_dict()},
+        "tools": tool_versions(),
+        "validation": figures,
+        "timings": timings,
+    }
+    path = write_failure(inputs.target, record)
+    return ValidationError(
+        path, "validation failed, nothing published (figures in this file): " + "; ".join(figures["failures"])
+    )
 
 
 def executorch_needs(runtime: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:

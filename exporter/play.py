@@ -20,23 +20,57 @@ class Generation:
     prefill_tokens_per_s: float
     decode_tokens: int
     decode_tokens_per_s: float
+    stopped_at_eos: bool = False
 
 
-def generate(artifact_dir: Path, prompt: str, max_new_tokens: int) -> Generation:
+@dataclass(frozen=True)
+class Prompt:
+    """What is fed to the artifact: text, and whether the tokenizer's special tokens (BOS) are
+    added to it. A raw prompt gets them as the checkpoint's tokenizer adds them; a rendered chat
+    prompt already holds every special token its template writes, as in transformers'
+    ``apply_chat_template``."""
+
+    text: str
+    add_special_tokens: bool
+
+
+def chat_prompt(manifest: dict[str, Any], message: str, system: str | None, source: Path) -> Prompt:
+    """``message`` (and ``system``) rendered with the artifact's chat template, generation prompt on."""
+    from .chat import chat_messages, render_chat
+
+    t = manifest["tokenizer"]
+    if not t.get("chat_template"):
+        raise ArtifactError(source, "the checkpoint has no chat template; use --prompt for raw text")
+    text = render_chat(
+        t["chat_template"], chat_messages(message, system), t.get("special_tokens", {}), source=source
+    )
+    return Prompt(text, add_special_tokens=False)
+
+
+def generate(
+    artifact_dir: Path, prompt: str, max_new_tokens: int, chat: bool = False, system: str | None = None
+) -> Generation:
+    """Greedy generation from ``prompt`` (raw text), or with ``chat`` from the user message
+    ``prompt`` rendered with the checkpoint's chat template; stops at the artifact's EOS ids."""
     manifest = read_manifest(artifact_dir)
     model_file = listed_file(artifact_dir, manifest, "artifact")
     tokenizer = listed_file(artifact_dir, manifest, "tokenizer")
+    fed = (
+        chat_prompt(manifest, prompt, system, artifact_dir / "manifest.json")
+        if chat
+        else Prompt(prompt, True)
+    )
     fmt = manifest["artifact"]["format"]
     if fmt == "executorch-pte":
-        return _run_text_llm_runner(model_file, tokenizer, prompt, max_new_tokens, manifest)
+        return _run_text_llm_runner(model_file, tokenizer, fed, max_new_tokens, manifest)
     if fmt == "aoti-pt2":
         check_torch_matches(manifest, model_file)
-        return _run_pt2(model_file, tokenizer, prompt, max_new_tokens, manifest)
+        return _run_pt2(model_file, tokenizer, fed, max_new_tokens, manifest)
     raise ArtifactError(model_file, f"cannot play format {fmt!r}")
 
 
 def _run_pt2(
-    model_file: Path, tokenizer_file: Path, prompt: str, max_new_tokens: int, manifest: dict[str, Any]
+    model_file: Path, tokenizer_file: Path, prompt: Prompt, max_new_tokens: int, manifest: dict[str, Any]
 ) -> Generation:
     import time
 
@@ -44,14 +78,11 @@ def _run_pt2(
 
     from backends.aoti.lower import load_pt2
 
-    from .tokenizer import TokenizerInfo, encode, load_tokenizer
+    from .tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_file)
-    t = manifest["tokenizer"]
-    info = TokenizerInfo(
-        tokenizer_file, t["vocab_size"], t["bos_id"], tuple(t["eos_ids"]), t["add_bos"], None
-    )
-    ids = encode(tok, info, prompt)
+    eos_ids = set(manifest["tokenizer"]["eos_ids"])
+    ids: list[int] = tok.encode(prompt.text, add_special_tokens=prompt.add_special_tokens).ids
     budget = min(max_new_tokens, manifest["runtime"]["max_seq_len"] - len(ids))
     if budget < 1:
         raise ArtifactError(model_file, f"prompt of {len(ids)} tokens leaves no room in the context")
@@ -61,11 +92,11 @@ def _run_pt2(
     prefill_s = time.perf_counter() - start
     out = [int(logits[0].argmax())]
     start = time.perf_counter()
-    while len(out) < budget and out[-1] not in info.eos_ids:
+    while len(out) < budget and out[-1] not in eos_ids:
         logits = step(torch.tensor([[out[-1]]]), torch.tensor([len(ids) + len(out) - 1]))
         out.append(int(logits[0].argmax()))
     decode_s = time.perf_counter() - start
-    shown = out[:-1] if out[-1] in info.eos_ids else out
+    shown = out[:-1] if out[-1] in eos_ids else out
     return Generation(
         text=str(tok.decode(shown)),
         prefill_tokens=len(ids),
@@ -73,12 +104,15 @@ def _run_pt2(
         decode_tokens=len(out),
         # like TextLLMRunner's figure: tokens generated over the time after prefill
         decode_tokens_per_s=(len(out) - 1) / decode_s if decode_s > 0 else float("nan"),
+        stopped_at_eos=out[-1] in eos_ids,
     )
 
 
 def _run_text_llm_runner(
-    model_file: Path, tokenizer: Path, prompt: str, max_new_tokens: int, manifest: dict[str, Any]
+    model_file: Path, tokenizer: Path, prompt: Prompt, max_new_tokens: int, manifest: dict[str, Any]
 ) -> Generation:
+    """ExecuTorch's runner tokenizes the text itself (special tokens in the text are matched as
+    such) and adds ``num_bos`` BOS tokens; it stops at the program's ``get_eos_ids``."""
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     from .runtime import load_executorch_kernels, native_logs_captured
@@ -93,7 +127,7 @@ def _run_text_llm_runner(
         max_new_tokens=max_new_tokens,
         temperature=0.0,
         echo=False,
-        num_bos=1 if manifest["tokenizer"]["add_bos"] else 0,
+        num_bos=1 if prompt.add_special_tokens and manifest["tokenizer"]["add_bos"] else 0,
     )
     pieces: list[str] = []
     stats: list[dict[str, Any]] = []
@@ -103,14 +137,14 @@ def _run_text_llm_runner(
 
     with native_logs_captured():
         try:
-            runner.generate(prompt, config, token_callback=pieces.append, stats_callback=on_stats)
+            runner.generate(prompt.text, config, token_callback=pieces.append, stats_callback=on_stats)
         except UnicodeDecodeError:
             # The binding hands each piece over as str; a byte-level piece that is not valid UTF-8
             # on its own cannot cross. Generate again without the callback to still get figures.
             pieces.append("\ufffd")
             runner.reset()
             stats.clear()
-            runner.generate(prompt, config, stats_callback=on_stats)
+            runner.generate(prompt.text, config, stats_callback=on_stats)
     s = stats[-1]
     return Generation(
         text="".join(pieces),
@@ -118,4 +152,7 @@ def _run_text_llm_runner(
         prefill_tokens_per_s=float(s["prefill_token_per_sec"]),
         decode_tokens=int(s["generated_tokens"]),
         decode_tokens_per_s=float(s["decode_token_per_sec"]),
+        # the runner stops early only at an EOS id (or at the end of the context)
+        stopped_at_eos=int(s["generated_tokens"]) < max_new_tokens
+        and int(s["prompt_tokens"]) + int(s["generated_tokens"]) < manifest["runtime"]["max_seq_len"],
     )

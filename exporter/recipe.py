@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 import types
 import typing
@@ -88,22 +89,44 @@ class Quantization:
 
 @dataclass(frozen=True)
 class ValidationSettings:
+    """The gate. Every tolerance is relative to the model (logit spread, KL, perplexity ratio), so
+    one recipe means the same on a 4M-parameter code model and a pretrained instruct model."""
+
+    # Raw-text prompts, continued greedily by the artifact and compared with eager.
     prompts: tuple[str, ...] = ("def main(",)
+    # User messages rendered with the checkpoint's chat template (checkpoints without one skip them).
+    chat_prompts: tuple[str, ...] = ()
     greedy_steps: int = 32
-    # artifact vs the eager model it was exported from (same quantization)
-    max_logit_abs_diff: float = 1e-3
+    # A greedy mismatch is excused only where eager's own top-2 logit margin is below this: there
+    # eager itself has no clear favourite. Independent of the artifact's measured error.
+    tie_margin: float = 0.05
+    # artifact vs the eager model it was exported from (same quantization): the largest logit error
+    # over eager's logit spread (standard deviation over the vocabulary) at that position, and the
+    # mean KL(eager || artifact) per token, on the greedy runs and the held-out text
+    max_logit_error: float = 1e-4
+    max_kl_vs_eager: float = 1e-6
     # artifact vs eager fp32, teacher-forced on held-out text
+    text: str = ""  # a shipped text's name, a file path; "" = the checkpoint's heldout.txt or "prose-and-code"
     eval_tokens: int = 256
+    # top-1 agreement is counted where fp32's own top-2 logit margin is at least this
+    clear_margin: float = 1.0
     min_top1_agreement: float = 0.99
     max_perplexity_ratio: float = 1.01
 
     def __post_init__(self) -> None:
         if not self.prompts or any(not p for p in self.prompts):
             raise _Invalid("prompts", "must list at least one non-empty prompt")
+        if any(not p for p in self.chat_prompts):
+            raise _Invalid("chat_prompts", "must not hold an empty message")
         if self.greedy_steps < 32:
             raise _Invalid("greedy_steps", f"must be >= 32, got {self.greedy_steps}")
-        _positive("max_logit_abs_diff", self.max_logit_abs_diff)
+        if not 0 <= self.tie_margin <= 1:
+            raise _Invalid("tie_margin", f"must be in [0, 1] (a logit margin), got {self.tie_margin}")
+        _positive("max_logit_error", self.max_logit_error)
+        _positive("max_kl_vs_eager", self.max_kl_vs_eager)
         _positive("eval_tokens", self.eval_tokens)
+        if self.clear_margin < 0:
+            raise _Invalid("clear_margin", f"must be >= 0, got {self.clear_margin}")
         if not 0 < self.min_top1_agreement <= 1:
             raise _Invalid("min_top1_agreement", f"must be in (0, 1], got {self.min_top1_agreement}")
         if self.max_perplexity_ratio < 1:
@@ -228,6 +251,8 @@ def _convert(hint: Any, value: Any, path: Path, key: str) -> Any:
     expected = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}[hint]
     if not isinstance(value, expected) or (hint is not bool and isinstance(value, bool)):
         raise RecipeError(path, f"{key}: expected {hint.__name__}, got {value!r}")
+    if hint is float and not math.isfinite(value):
+        raise RecipeError(path, f"{key}: expected a finite number, got {value!r}")
     return float(value) if hint is float else value
 
 

@@ -20,13 +20,14 @@ import torch
 
 from backends import Stepper
 
-from .errors import ArtifactError
+from .errors import ArtifactError, ExporterError
 
 
 @contextmanager
 def native_logs_captured() -> Iterator[None]:
     """ExecuTorch's C++ runtime logs every kernel call to fd 2 ("No temp allocator provided", ...).
-    Park fd 1 and 2 in a temporary file while it runs; replay it only if the block fails."""
+    Park fd 1 and 2 in a temporary file while it runs; replay it only if the block fails with
+    something other than our own one-line errors (which already say what is wrong)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -35,6 +36,8 @@ def native_logs_captured() -> Iterator[None]:
         os.dup2(sink.fileno(), 2)
         try:
             yield
+        except ExporterError:
+            raise
         except BaseException:
             os.dup2(saved[1], 2)
             sink.seek(0)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from exporter.cli import main
@@ -67,6 +68,17 @@ def _bad_shape(folder: Path) -> None:
     _rewrite_weights(folder, lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:5]}))
 
 
+def _nan_weight(folder: Path) -> None:
+    def poison(t: dict[str, torch.Tensor]) -> None:
+        t["model.layers.1.mlp.down_proj.weight"][3, 7] = float("nan")
+
+    _rewrite_weights(folder, poison)
+
+
+def _inf_embedding(folder: Path) -> None:
+    _rewrite_weights(folder, lambda t: t["model.embed_tokens.weight"].__setitem__((0, 0), float("inf")))
+
+
 def _drop_tokenizer(folder: Path) -> None:
     (folder / "tokenizer.json").unlink()
 
@@ -79,6 +91,8 @@ BREAKAGES: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "missing tensor": (_drop_tensor, "model.safetensors", "missing tensor model.norm.weight"),
     "wrong shape": (_bad_shape, "model.safetensors", "has shape [5]"),
     "missing tokenizer": (_drop_tokenizer, "tokenizer.json", "tokenizer file missing"),
+    "NaN weight": (_nan_weight, "model.safetensors", "'model.layers.1.mlp.down_proj.weight' holds NaN"),
+    "Inf weight": (_inf_embedding, "model.safetensors", "'model.embed_tokens.weight' holds NaN or Inf"),
 }
 
 
@@ -148,3 +162,48 @@ def test_run_and_inspect_on_a_non_artifact(tmp_path: Path) -> None:
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["--debug", "inspect", str(tmp_path)])
     assert result.exit_code != 0 and result.exception is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (("export.max_seq_len=128",), "validation.eval_tokens: 256 + 1 exceeds export.max_seq_len 128"),
+        (
+            ("export.max_seq_len=40", "validation.eval_tokens=16", "validation.greedy_steps=35"),
+            "validation.prompts[2]: 11 prompt tokens + validation.greedy_steps 35 exceed export.max_seq_len 40",
+        ),
+        (("validation.eval_tokens=100000", "export.max_seq_len=512"), "validation.eval_tokens: 100000"),
+        (("validation.text=no-such-text",), "validation.text: cannot read no-such-text"),
+        (
+            ("validation.text=prose-and-code", "validation.eval_tokens=5000", "export.max_seq_len=8000"),
+            "exceeds the model's max_position_embeddings",
+        ),
+    ],
+)
+def test_lengths_and_text_are_checked_up_front(
+    overrides: tuple[str, ...], words: str, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    args = ["build", "reference-fp32", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path)]
+    for item in overrides:
+        args += ["--set", item]
+    code, _, err = run(*args)
+    assert_one_line_error(code, err, "reference-fp32.toml", words)
+    assert not any(tmp_path.iterdir())
+
+
+def test_short_text_is_an_error_naming_the_key(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    text = tmp_path / "short.txt"
+    text.write_text("def f(): pass\n")
+    code, _, err = run(
+        "build",
+        "reference-fp32",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--out",
+        str(tmp_path / "out"),
+        "--set",
+        f"validation.text={text}",
+    )
+    assert_one_line_error(
+        code, err, "validation.text", "short.txt has", "tokens, validation.eval_tokens needs 257"
+    )
