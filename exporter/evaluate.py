@@ -10,12 +10,12 @@ from typing import Any
 
 from .checkpoint import digest_files, load_model, open_checkpoint
 from .errors import ArtifactError
-from .manifest import MANIFEST, read_manifest
 from .gate_inputs import text_path as gate_text
+from .manifest import MANIFEST, read_manifest
 from .pipeline import DEFAULT_CHECKPOINT
+from .recipe import ValidationSettings
 from .runtime import load_artifact, native_logs_captured, score
 from .tokenizer import encode, load_tokenizer, tokenizer_info
-from .recipe import ValidationSettings
 from .validate import distribution_figures, fp32_reference
 
 CLEAR_MARGIN = ValidationSettings().clear_margin
@@ -35,7 +35,8 @@ def evaluate(
         raise ArtifactError(
             ckpt.path, f"is not the checkpoint {manifest['model']['name']!r} was built from (digest differs)"
         )
-    text_path = text_file or gate_text(manifest['recipe']['resolved']['validation'].get('text', ''), ckpt.path)[0]
+    setting = manifest["recipe"]["resolved"]["validation"].get("text", "")
+    text_path = text_file or gate_text(setting, ckpt.path)[0]
     try:
         text = text_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

@@ -81,7 +81,8 @@ def gate_inputs(
     if len(ids) < v.eval_tokens + 1:
         raise RecipeError(
             recipe_file,
-            f"validation.text: {path} has {len(ids)} tokens, validation.eval_tokens needs {v.eval_tokens + 1}",
+            f"validation.text: {path} has {len(ids)} tokens, "
+            f"validation.eval_tokens needs {v.eval_tokens + 1}",
         )
     rendered = chat_prompt_texts(recipe, info)
     raw = [(f"validation.prompts[{i}]", encode(tokenizer, info, p)) for i, p in enumerate(v.prompts)]

@@ -33,8 +33,14 @@ def summarize(artifact_dir: Path) -> dict[str, Any]:
         "greedy_identical_steps": f"{vs_eager['greedy_tokens_identical_min']}/{vs_eager['steps']}",
         "greedy_flips_at_ties": vs_eager.get("mismatches_at_ties", 0),
         "max_logit_abs_diff": round(vs_eager["max_logit_abs_diff"], 6),
-        "top1_agreement_vs_fp32": round(vs_fp32["artifact"]["top1_agreement"], 4),
+        "max_logit_error_vs_eager": f"{vs_eager['max_logit_error']:.3g} x eager's logit spread",
+        "kl_vs_eager": f"{vs_eager['heldout_mean_kl']:.3g} nats/token",
+        "top1_agreement_vs_fp32": f"{vs_fp32['artifact']['top1_agreement_clear']:.4f} at "
+        f"{vs_fp32['artifact']['clear_positions']} clear positions "
+        f"({vs_fp32['artifact']['top1_agreement']:.4f} at all)",
         "perplexity": f"{vs_fp32['artifact']['perplexity']:.3f} (fp32 {vs_fp32['fp32_perplexity']:.3f})",
+        "validation_text": val["text"]["source"],
+        "chat_template": "yes" if m["tokenizer"].get("chat_template") else "none",
         "build_seconds": round(sum(t["seconds"] for t in m["timings"].values()), 1),
     }
     return summary

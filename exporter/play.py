@@ -36,11 +36,11 @@ class Prompt:
 
 def chat_prompt(manifest: dict[str, Any], message: str, system: str | None, source: Path) -> Prompt:
     """``message`` (and ``system``) rendered with the artifact's chat template, generation prompt on."""
-    from .chat import chat_messages, render_chat
-
     t = manifest["tokenizer"]
     if not t.get("chat_template"):
         raise ArtifactError(source, "the checkpoint has no chat template; use --prompt for raw text")
+    from .chat import chat_messages, render_chat
+
     text = render_chat(
         t["chat_template"], chat_messages(message, system), t.get("special_tokens", {}), source=source
     )

@@ -106,7 +106,8 @@ class ValidationSettings:
     max_logit_error: float = 1e-4
     max_kl_vs_eager: float = 1e-6
     # artifact vs eager fp32, teacher-forced on held-out text
-    text: str = ""  # a shipped text's name, a file path; "" = the checkpoint's heldout.txt or "prose-and-code"
+    # a shipped text's name or a file path; "" = the checkpoint's heldout.txt, else "prose-and-code"
+    text: str = ""
     eval_tokens: int = 256
     # top-1 agreement is counted where fp32's own top-2 logit margin is at least this
     clear_margin: float = 1.0
@@ -251,7 +252,7 @@ def _convert(hint: Any, value: Any, path: Path, key: str) -> Any:
     expected = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}[hint]
     if not isinstance(value, expected) or (hint is not bool and isinstance(value, bool)):
         raise RecipeError(path, f"{key}: expected {hint.__name__}, got {value!r}")
-    if hint is float and not math.isfinite(value):
+    if hint is float and not math.isfinite(float(value)):
         raise RecipeError(path, f"{key}: expected a finite number, got {value!r}")
     return float(value) if hint is float else value
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from .checkpoint import Checkpoint, TensorSource
 from .model import Transformer
+from .progress import progress
 from .quantize import quantize_embedding, quantize_linears
 from .recipe import Recipe
 from .transforms import LastTokenLogits, for_export
@@ -57,10 +58,12 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         else:
             quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
         cos, sin = model.rope_window(0, tokens.shape[1])
-        for i, layer in enumerate(model.layers):
-            _fill(layer, source, f"layers.{i}.")
-            h = layer(h, cos, sin, 0)
-            quantize_linears(layer.to(dtype), quant.linear)
+        with progress("load_quantize", total=len(model.layers), unit="layer") as tick:
+            for i, layer in enumerate(model.layers):
+                _fill(layer, source, f"layers.{i}.")
+                h = layer(h, cos, sin, 0)
+                quantize_linears(layer.to(dtype), quant.linear)
+                tick()
         _fill(model.norm, source, "norm.")
         h = model.norm(h)
         model.norm.to(dtype)

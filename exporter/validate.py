@@ -236,18 +236,21 @@ def gate_failures(figures: dict[str, Any], settings: ValidationSettings) -> list
     kl = _worst(vs_eager["mean_kl"], vs_eager["heldout_mean_kl"])
     if not kl <= settings.max_kl_vs_eager:
         failures.append(
-            f"KL(eager || artifact) {kl:.4g} nats/token > validation.max_kl_vs_eager {settings.max_kl_vs_eager:.4g}"
+            f"KL(eager || artifact) {kl:.4g} nats/token > "
+            f"validation.max_kl_vs_eager {settings.max_kl_vs_eager:.4g}"
         )
     agreement = art["top1_agreement_clear"]
     if art["clear_positions"] and not agreement >= settings.min_top1_agreement:
         failures.append(
             f"top-1 agreement with fp32 {agreement:.4f} where fp32's margin >= {settings.clear_margin} "
-            f"({art['clear_positions']} positions) < validation.min_top1_agreement {settings.min_top1_agreement}"
+            f"({art['clear_positions']} positions) < "
+            f"validation.min_top1_agreement {settings.min_top1_agreement}"
         )
     ratio = vs_fp32["perplexity_ratio"]
     if not ratio <= settings.max_perplexity_ratio:
         failures.append(
-            f"perplexity ratio to fp32 {ratio:.4f} > validation.max_perplexity_ratio {settings.max_perplexity_ratio}"
+            f"perplexity ratio to fp32 {ratio:.4f} > "
+            f"validation.max_perplexity_ratio {settings.max_perplexity_ratio}"
         )
     return failures
 

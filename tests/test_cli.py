@@ -170,7 +170,8 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
         (("export.max_seq_len=128",), "validation.eval_tokens: 256 + 1 exceeds export.max_seq_len 128"),
         (
             ("export.max_seq_len=40", "validation.eval_tokens=16", "validation.greedy_steps=35"),
-            "validation.prompts[2]: 11 prompt tokens + validation.greedy_steps 35 exceed export.max_seq_len 40",
+            "validation.prompts[2]: 11 prompt tokens + validation.greedy_steps 35 exceed "
+            "export.max_seq_len 40",
         ),
         (("validation.eval_tokens=100000", "export.max_seq_len=512"), "validation.eval_tokens: 100000"),
         (("validation.text=no-such-text",), "validation.text: cannot read no-such-text"),
@@ -207,3 +208,24 @@ def test_short_text_is_an_error_naming_the_key(tiny_checkpoint: Path, tmp_path: 
     assert_one_line_error(
         code, err, "validation.text", "short.txt has", "tokens, validation.eval_tokens needs 257"
     )
+
+
+def test_inspect_summarizes_a_built_artifact(tiny_artifact: Path) -> None:
+    code, out, err = run("inspect", str(tiny_artifact), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["sha256_matches_manifest"] and summary["validation_text"] == "checkpoint:heldout.txt"
+    assert "clear positions" in summary["top1_agreement_vs_fp32"]
+
+
+def test_chat_without_a_template_is_a_one_line_error(tiny_artifact: Path) -> None:
+    code, _, err = run("run", str(tiny_artifact), "--chat", "hello")
+    assert_one_line_error(code, err, "manifest.json", "no chat template")
+
+
+@pytest.mark.parametrize(
+    "args", [(), ("--prompt", "x", "--chat", "y"), ("--prompt", "x", "--system", "be brief")]
+)
+def test_run_takes_exactly_one_kind_of_prompt(tiny_artifact: Path, args: tuple[str, ...]) -> None:
+    code, _, err = run("run", str(tiny_artifact), *args)
+    assert code == 2 and "--chat" in err and "Traceback" not in err

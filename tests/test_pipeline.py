@@ -50,12 +50,13 @@ def test_artifact_folder_is_complete(built: dict[str, Path], name: str) -> None:
     model_file = m["artifact"]["file"]
     assert model_file == ("model.pt2" if m["recipe"]["resolved"]["backend"] == "aoti" else "model.pte")
     assert sorted(p.name for p in folder.iterdir()) == sorted(["manifest.json", model_file, "tokenizer.json"])
-    assert m["schema_version"] == 1 and m["recipe"]["name"] == name
+    assert m["schema_version"] == 2 and m["recipe"]["name"] == name
     vs_eager = m["validation"]["vs_eager"]
     assert m["validation"]["passed"] and vs_eager["steps"] >= 32 and vs_eager["mismatches_not_at_ties"] == 0
     for prompt in vs_eager["prompts"]:
         for tie in prompt["mismatches_at_ties"]:
-            assert tie["eager_margin"] <= 2 * tie["logit_abs_diff"]
+            assert tie["eager_margin"] < m["recipe"]["resolved"]["validation"]["tie_margin"]
+    assert m["validation"]["text"]["source"] == "checkpoint:heldout.txt"
     assert m["artifact"]["size_bytes"] == (folder / model_file).stat().st_size
     assert m["tokenizer"]["bos_id"] == 0 and m["tokenizer"]["eos_ids"] == [1]
     assert m["runtime"]["constant_methods"]["get_eos_ids"] == [1]
@@ -90,9 +91,10 @@ def test_failed_validation_publishes_nothing(built: dict[str, Path], artifacts: 
     target = built["android-arm64"]
     before = (target / "manifest.json").read_bytes()
     with pytest.raises(ValidationError, match="validation failed, nothing published"):
-        build("android-arm64", out=artifacts, overrides=("validation.max_logit_abs_diff=1e-9",))
+        build("android-arm64", out=artifacts, overrides=("validation.max_logit_error=1e-9",))
     assert (target / "manifest.json").read_bytes() == before
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]
+    (target.parent / "android-arm64.failed.json").unlink()
 
 
 @pytest.mark.slow
@@ -123,3 +125,63 @@ def test_tiny_checkpoint_other_than_default_builds(tiny_checkpoint: Path, tmp_pa
     assert m["model"]["parameters"] == open_checkpoint(tmp_path / "ck").args.parameter_count()
     assert m["validation"]["vs_eager"]["max_logit_abs_diff"] < 1e-3
     assert torch.isfinite(torch.tensor(m["validation"]["vs_fp32"]["artifact"]["perplexity"]))
+
+
+def _tiny_build(checkpoint: Path, out: Path, *overrides: str) -> Path:
+    return build(
+        "reference-fp32",
+        checkpoint=checkpoint,
+        out=out,
+        overrides=("export.max_seq_len=128", "validation.eval_tokens=64", *overrides),
+    )
+
+
+def test_failed_gate_leaves_its_figures_beside_the_target(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    good = _tiny_build(tiny_checkpoint, tmp_path)
+    before = (good / "manifest.json").read_bytes()
+    with pytest.raises(ValidationError) as caught:
+        _tiny_build(tiny_checkpoint, tmp_path, "validation.max_logit_error=1e-12")
+    failed = good.with_name("reference-fp32.failed.json")
+    assert caught.value.path == failed and "validation.max_logit_error" in str(caught.value)
+    record = json.loads(failed.read_text())
+    assert record["failed"] and record["validation"]["failures"] == caught.value.message.split(": ", 1)[
+        1
+    ].split("; ")
+    assert record["validation"]["vs_eager"]["max_logit_error"] > 1e-12
+    assert set(record["timings"]) == {"load_quantize", "export", "lower", "validate"}
+    assert (good / "manifest.json").read_bytes() == before  # the published artifact is untouched
+    assert sorted(p.name for p in good.parent.iterdir()) == ["reference-fp32", "reference-fp32.failed.json"]
+    _tiny_build(tiny_checkpoint, tmp_path)  # a passing build clears the stale record
+    assert not failed.exists()
+
+
+def test_divergent_artifact_fails_the_gate(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An artifact that picks another token at one decode step, with logits otherwise the eager
+    model's: a real divergence, however small its logit error elsewhere."""
+    from backends.xnnpack.lower import XnnpackBackend
+
+    load = XnnpackBackend.load
+    calls = {"n": 0}
+
+    def divergent(self: XnnpackBackend, path: Path):  # type: ignore[no-untyped-def]
+        step = load(self, path)
+
+        def wrapped(tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+            logits = step(tokens, input_pos)
+            calls["n"] += 1
+            top2 = logits[0].topk(2)
+            if calls["n"] == 2:  # the first decode step of the first prompt
+                logits[0, top2.indices[1]] = top2.values[0] + 0.01
+            return logits
+
+        return wrapped
+
+    monkeypatch.setattr(XnnpackBackend, "load", divergent)
+    with pytest.raises(ValidationError, match="greedy token"):
+        _tiny_build(
+            tiny_checkpoint, tmp_path, "validation.max_logit_error=1e9", "validation.max_kl_vs_eager=1e9"
+        )
+    record = json.loads((tmp_path / "tiny-llama" / "reference-fp32.failed.json").read_text())
+    assert record["validation"]["vs_eager"]["mismatches_not_at_ties"] >= 1

@@ -68,7 +68,7 @@ def test_a_real_divergence_fails_whatever_the_logit_error() -> None:
 
 
 def test_a_flip_is_excused_only_where_eager_has_no_favourite() -> None:
-    eager, table = stepper()
+    _, table = stepper()
     pos = 7
     top2 = table[pos].topk(2)
     table[pos, top2.indices[1]] = top2.values[0] - 0.01  # eager's own margin: 0.01
@@ -121,7 +121,7 @@ def test_nan_logits_fail_every_way() -> None:
 
 
 def test_logit_error_is_scale_free() -> None:
-    eager, table = stepper()
+    _, table = stepper()
     noisy = table + 0.1 * torch.randn(table.shape, generator=torch.Generator().manual_seed(3))
     small = logit_error(noisy, table)
     assert torch.allclose(logit_error(10 * noisy, 10 * table), small)
@@ -129,7 +129,7 @@ def test_logit_error_is_scale_free() -> None:
 
 def test_agreement_counts_only_where_fp32_has_a_clear_favourite() -> None:
     _, table = stepper()
-    ids, reference = _reference(table)
+    _, reference = _reference(table)
     margins = top2_margin(reference.logits)
     clear = margins >= 1.0
     assert 0 < int(clear.sum()) < len(margins)

@@ -16,6 +16,7 @@ import torch
 from torch.export import ExportedProgram
 
 from backends import Lowered, Stepper
+from exporter.progress import heartbeat
 
 # Inductor settings for this backend only, applied around the compile and nowhere else.
 INDUCTOR_CONFIGS: dict[str, Any] = {
@@ -42,7 +43,8 @@ class AotiBackend:
     def lower(self, program: ExportedProgram, metadata: dict[str, Any], out: Path) -> Lowered:
         """``metadata`` goes into the package (strings), readable with ``get_metadata()``."""
         configs = {**INDUCTOR_CONFIGS, "aot_inductor.metadata": {k: str(v) for k, v in metadata.items()}}
-        torch._inductor.aoti_compile_and_package(program, package_path=str(out), inductor_configs=configs)
+        with heartbeat("lower", "compiling with AOTInductor"):  # one opaque call: time spent so far
+            torch._inductor.aoti_compile_and_package(program, package_path=str(out), inductor_configs=configs)
         with zipfile.ZipFile(out) as z:
             files = sorted(i.filename for i in z.infolist() if not i.filename.endswith("/"))
         isa = torch.backends.cpu.get_cpu_capability()

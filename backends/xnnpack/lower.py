@@ -11,6 +11,7 @@ from backends import Lowered, Stepper
 from exporter.memory import release_memory
 
 from .lean import forget_graphs, lean_lowering
+from .partition_progress import partition_progress
 
 
 class XnnpackBackend:
@@ -28,7 +29,7 @@ class XnnpackBackend:
         )
         from executorch.exir.passes import MemoryPlanningPass
 
-        with lean_lowering():
+        with lean_lowering(), partition_progress():
             edge = to_edge_transform_and_lower(
                 program,
                 partitioner=[XnnpackPartitioner()],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -102,13 +104,37 @@ def _lower_tiny(checkpoint: Path, out: Path) -> bytes:
 
 
 def test_lean_lowering_makes_the_stock_program(
-    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Dropping the passes that cannot fire, and the weight copies, changes nothing in the
-    artifact, byte for byte."""
+    artifact, byte for byte; nor does reporting the partitions' progress."""
+    monkeypatch.setattr(logging.getLogger("exporter"), "propagate", True)  # the CLI turns it off
+    caplog.set_level(logging.INFO, logger="exporter")
     lean = _lower_tiny(tiny_checkpoint, tmp_path / "lean.pte")
+    assert re.fullmatch(r"\[lower\] partition (\d+)/\1 \(.*done in .*\)", caplog.messages[-1])
     monkeypatch.setattr(xnnpack_lower, "lean_lowering", contextlib.nullcontext)
+    monkeypatch.setattr(xnnpack_lower, "partition_progress", contextlib.nullcontext)
     assert _lower_tiny(tiny_checkpoint, tmp_path / "stock.pte") == lean
+
+
+def test_partition_progress_ticks_each_partition_and_restores_preprocess(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from backends.xnnpack.partition_progress import partition_progress
+
+    monkeypatch.setattr(logging.getLogger("exporter"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="exporter")
+    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(lambda program, specs: program.upper()))
+    stock = vars(XnnpackBackend)["preprocess"]
+    assert "preprocess_multimethod" not in vars(XnnpackBackend)  # BackendDetails' loop
+    with partition_progress():
+        got = XnnpackBackend.preprocess_multimethod({"forward": ["a", "b", "c"]}, {"forward": [[], [], []]})
+    assert got == {"forward": ["A", "B", "C"]}  # called through
+    assert caplog.messages[-1].startswith("[lower] partition 3/3 (")
+    assert vars(XnnpackBackend)["preprocess"] is stock
+    assert "preprocess_multimethod" not in vars(XnnpackBackend)
 
 
 def test_a_pass_stays_when_its_ops_are_there() -> None:
