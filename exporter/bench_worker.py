@@ -14,9 +14,9 @@ import torch
 from backends import Stepper
 
 from .checkpoint import load_model, open_checkpoint
+from .gate_inputs import HELDOUT
 from .manifest import read_manifest
 from .memory import peak_rss_mb
-from .gate_inputs import HELDOUT
 from .pipeline import DEFAULT_CHECKPOINT, prepare_module, stored_bytes
 from .recipe import ExportSettings, Quantization, recipe_from_dict
 from .runtime import eager_stepper, load_artifact, native_logs_captured

@@ -35,12 +35,16 @@ def summarize(artifact_dir: Path) -> dict[str, Any]:
         "max_logit_abs_diff": round(vs_eager["max_logit_abs_diff"], 6),
         "max_logit_error_vs_eager": f"{vs_eager['max_logit_error']:.3g} x eager's logit spread",
         "kl_vs_eager": f"{vs_eager['heldout_mean_kl']:.3g} nats/token",
-        "top1_agreement_vs_fp32": f"{vs_fp32['artifact']['top1_agreement_clear']:.4f} at "
-        f"{vs_fp32['artifact']['clear_positions']} clear positions "
-        f"({vs_fp32['artifact']['top1_agreement']:.4f} at all)",
+        "top1_agreement_vs_fp32": _agreement(vs_fp32["artifact"]),
         "perplexity": f"{vs_fp32['artifact']['perplexity']:.3f} (fp32 {vs_fp32['fp32_perplexity']:.3f})",
         "validation_text": val["text"]["source"],
         "chat_template": "yes" if m["tokenizer"].get("chat_template") else "none",
         "build_seconds": round(sum(t["seconds"] for t in m["timings"].values()), 1),
     }
     return summary
+
+
+def _agreement(figures: dict[str, Any]) -> str:
+    clear, every = figures["top1_agreement_clear"], figures["top1_agreement"]
+    at_clear = "no" if clear is None else f"{clear:.4f} at"
+    return f"{at_clear} {figures['clear_positions']} clear positions ({every:.4f} at all)"

@@ -110,7 +110,8 @@ def distribution_figures(logits: torch.Tensor, ref: Reference, clear_margin: flo
     return {
         "perplexity": math.exp(nll),
         "top1_agreement": agree.float().mean().item(),
-        "top1_agreement_clear": agree[clear].float().mean().item() if clear.any() else float("nan"),
+        # None (JSON null) where fp32 has no clear position at all, e.g. random weights
+        "top1_agreement_clear": agree[clear].float().mean().item() if clear.any() else None,
         "clear_positions": int(clear.sum()),
         "mean_kl": mean_kl(ref.logits, logits),
     }

@@ -63,9 +63,9 @@ def _convert(gguf: Path, out: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.bfloat16
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[arg-type]
     model.load_state_dict(loaded.state_dict())
-    model.to(torch.bfloat16).save_pretrained(out)
+    model.to(torch.bfloat16).save_pretrained(out)  # type: ignore[arg-type]
     tok.save_pretrained(out)
 
 
@@ -108,7 +108,9 @@ def ensure_smollm2(cache: Path | None = None) -> tuple[Path, Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cache", type=Path, default=None, help="folder (default: $EXPORTER_MODEL_CACHE)")
     args = parser.parse_args()
     for folder in ensure_smollm2(args.cache):
