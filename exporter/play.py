@@ -146,13 +146,20 @@ def _run_text_llm_runner(
             stats.clear()
             runner.generate(prompt.text, config, stats_callback=on_stats)
     s = stats[-1]
+    # The runner hands the EOS token's piece over like any other before it stops.
+    stopped = bool(pieces) and pieces[-1] in _eos_texts(tokenizer, manifest["tokenizer"]["eos_ids"])
     return Generation(
-        text="".join(pieces),
+        text="".join(pieces[:-1] if stopped else pieces),
         prefill_tokens=int(s["prompt_tokens"]),
         prefill_tokens_per_s=float(s["prefill_token_per_sec"]),
         decode_tokens=int(s["generated_tokens"]),
         decode_tokens_per_s=float(s["decode_token_per_sec"]),
-        # the runner stops early only at an EOS id (or at the end of the context)
-        stopped_at_eos=int(s["generated_tokens"]) < max_new_tokens
-        and int(s["prompt_tokens"]) + int(s["generated_tokens"]) < manifest["runtime"]["max_seq_len"],
+        stopped_at_eos=stopped,
     )
+
+
+def _eos_texts(tokenizer: Path, eos_ids: list[int]) -> set[str]:
+    from .tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    return {tok.decode([i], skip_special_tokens=False) for i in eos_ids}

@@ -291,5 +291,11 @@ def validate(
             "perplexity_ratio": artifact_fig["perplexity"] / fp32_ppl,
         },
     }
+    # How much the runtime adds to what quantization itself costs (KL from fp32), on the same text:
+    # for a quantized recipe the yardstick that says whether a vs-eager gap matters.
+    quant_kl = eager_fig["mean_kl"]
+    figures["vs_eager"]["heldout_kl_share_of_quantization"] = (
+        vs_eager["heldout_mean_kl"] / quant_kl if quant_kl > 1e-9 else None
+    )
     failures = gate_failures(figures, settings)
     return {"passed": not failures, "failures": failures, **figures}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from exporter.memory import release_memory
 
 from .lean import forget_graphs, lean_lowering
 from .partition_progress import partition_progress
+
+log = logging.getLogger("exporter")
 
 
 class XnnpackBackend:
@@ -29,6 +32,9 @@ class XnnpackBackend:
         )
         from executorch.exir.passes import MemoryPlanningPass
 
+        # The phases around XNNPACK's per-partition preprocess take as long again on a real model;
+        # name them so a user sees which one runs.
+        log.info("[lower] edge dialect and XNNPACK partitioning ...")
         with lean_lowering(), partition_progress():
             edge = to_edge_transform_and_lower(
                 program,
@@ -40,6 +46,7 @@ class XnnpackBackend:
         del program  # the caller's only reference: the graph goes (the gate's eager module keeps the weights)
         release_memory()  # the decompositions' retraced graphs, before serialization needs the room
         info = get_delegation_info(edge.exported_program().graph_module)
+        log.info("[lower] memory planning and serialization ...")
         try:
             et = edge.to_executorch(
                 ExecutorchBackendConfig(
