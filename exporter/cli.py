@@ -45,11 +45,24 @@ def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
     log.setLevel(logging.WARNING if quiet else logging.INFO)
     log.propagate = False
     if not debug:
-        # Deprecation chatter of torch/torchao/ExecuTorch internals and torchao's notes about
-        # CUDA-only extensions it cannot load on CPU say nothing a user can act on.
-        warnings.simplefilter("ignore")
-        logging.getLogger("torchao").setLevel(logging.ERROR)
-        logging.getLogger("torch").setLevel(logging.ERROR)
+        _hush_libraries()
+
+
+def _hush_unless_debug() -> None:
+    ctx = click.get_current_context()
+    if not (ctx.obj and ctx.obj.get("debug")):
+        _hush_libraries()
+
+
+def _hush_libraries() -> None:
+    """Deprecation chatter of torch/torchao/ExecuTorch internals and torchao's notes about CUDA-only
+    extensions it cannot load on CPU say nothing a user can act on. Importing torch sets its
+    loggers' levels again, so commands that import it call this once more afterwards."""
+    warnings.simplefilter("ignore")
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    for name in ("torch.utils._pytree",):  # torch registers this one with its own level
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @main.command()
@@ -69,6 +82,7 @@ def build(recipe: str, checkpoint: Path | None, out: Path | None, overrides: tup
     """Build, validate and publish the artifact of RECIPE (a name in recipes/ or a .toml path)."""
     from .pipeline import build as run_build
 
+    _hush_unless_debug()
     folder = run_build(recipe, checkpoint, out, overrides)
     click.echo(str(folder))
 
@@ -86,8 +100,11 @@ def run(
 
     --prompt continues raw text; --chat answers a message as transformers' apply_chat_template
     would prompt the model, and stops at the checkpoint's end-of-turn token."""
+    import torch  # noqa: F401 - imported before the runtimes so its log levels can be set
+
     from .play import generate
 
+    _hush_unless_debug()
     if (prompt is None) == (message is None):
         raise click.UsageError("give exactly one of --prompt and --chat")
     if system is not None and message is None:

