@@ -22,6 +22,11 @@ from exporter.progress import heartbeat
 INDUCTOR_CONFIGS: dict[str, Any] = {
     # Weights live inside the shared library: one file to ship, nothing to find at run time.
     "aot_inductor.package_constants_in_so": True,
+    # Round fused bf16 intermediates as eager does, so the package computes what the eager model
+    # the gate compares it with computes. Measured on SmolLM2-135M int4: greedy 0 -> 32 of 32
+    # steps identical, logit error 0.67 -> 0.29 of eager's spread, decode speed unchanged
+    # (49-55 tok/s either way).
+    "emulate_precision_casts": True,
 }
 
 
