@@ -269,3 +269,21 @@ def test_an_8da4w_linear_computes_what_its_eager_module_computes() -> None:
         (out,) = method.execute([x])
     quantization_error = (eager - exact).pow(2).mean().sqrt()
     assert (out - eager).pow(2).mean().sqrt() < 1e-3 * quantization_error
+
+
+@pytest.mark.parametrize("why", ["switched off", "another executorch"])
+def test_partition_progress_stays_out_when_off_or_unverified(
+    why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from backends.xnnpack import partition_progress as patch
+
+    if why == "switched off":
+        monkeypatch.setenv(patch.OFF_SWITCH, "0")
+    else:
+        monkeypatch.setattr(patch, "VERIFIED_ON", "0.0.0")
+    stock = vars(XnnpackBackend)["preprocess"]
+    with patch.partition_progress():
+        assert vars(XnnpackBackend)["preprocess"] is stock  # not wrapped
+    assert patch.enabled() is False
