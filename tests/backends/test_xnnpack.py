@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from pathlib import Path
@@ -10,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import backends.xnnpack.lower as xnnpack_lower
 from backends import get_backend
 from backends.xnnpack.lean import ONLY_WITH_OPS, needed
 from exporter.checkpoint import load_model, open_checkpoint
@@ -108,13 +106,42 @@ def test_lean_lowering_makes_the_stock_program(
 ) -> None:
     """Dropping the passes that cannot fire, and the weight copies, changes nothing in the
     artifact, byte for byte; nor does reporting the partitions' progress."""
+    from backends.xnnpack import lean as patches
+    from backends.xnnpack import partition_progress as progress_patch
+
     monkeypatch.setattr(logging.getLogger("exporter"), "propagate", True)  # the CLI turns it off
     caplog.set_level(logging.INFO, logger="exporter")
+    patches.FIRED.clear()
     lean = _lower_tiny(tiny_checkpoint, tmp_path / "lean.pte")
+    every = {
+        "lean_passes",
+        "shared_weights",
+        "skip_idle_decompositions",
+        "compact_dependencies",
+        "skip_idle_edge_passes",
+        "forget_graphs",
+    }
+    assert {name for name, n in patches.FIRED.items() if n} == every  # each substitution fired
     assert any(re.fullmatch(r"\[lower\] partition (\d+)/\1 \(.*done in .*\)", m) for m in caplog.messages)
-    monkeypatch.setattr(xnnpack_lower, "lean_lowering", contextlib.nullcontext)
-    monkeypatch.setattr(xnnpack_lower, "partition_progress", contextlib.nullcontext)
+    # The off switches: the stock flow, and not one substitution fired.
+    monkeypatch.setenv(patches.OFF_SWITCH, "0")
+    monkeypatch.setenv(progress_patch.OFF_SWITCH, "0")
+    patches.FIRED.clear()
     assert _lower_tiny(tiny_checkpoint, tmp_path / "stock.pte") == lean
+    assert not any(patches.FIRED.values())
+
+
+def test_lean_lowering_stays_out_on_unverified_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.xnnpack import lean as patches
+
+    assert patches.enabled()
+    monkeypatch.setattr(patches, "VERIFIED_ON", {**patches.VERIFIED_ON, "executorch": "9.9.9"})
+    assert not patches.enabled()
+    from torch.export import ExportedProgram
+
+    stock = ExportedProgram.run_decompositions
+    with patches.lean_lowering():
+        assert ExportedProgram.run_decompositions is stock
 
 
 def test_partition_progress_ticks_each_partition_and_restores_preprocess(
