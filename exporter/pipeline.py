@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from backends import Backend, get_backend
+from backends import Backend, Stepper, get_backend
 
 from .checkpoint import Checkpoint, check_finite, digest_files, open_checkpoint, sha256_file
 from .errors import ArtifactError, CheckpointError, ExporterError, ValidationError
@@ -202,13 +202,15 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
         lowered = backend.lower(held.pop(), constant_methods(inputs), staging / f"model{backend.suffix}")
         release_memory()
     with stage(timings, "validate"), native_logs_captured():
-        try:
-            artifact = backend.load(lowered.path)
-        except ArtifactError as e:
-            figures = {"passed": False, "failures": [f"the built program does not load: {e.message}"]}
-            raise _gate_failed(inputs, figures, timings) from None
-        figures = validate(artifact, model_teacher(module.model), gate.prompts, reference, recipe.validation)
-        del artifact
+        # No local name for the loaded artifact: ``validate`` drops the last reference to it before
+        # eager runs, so the two are never resident together.
+        figures = validate(
+            _load_or_fail(inputs, backend, lowered.path, timings),
+            model_teacher(module.model),
+            gate.prompts,
+            reference,
+            recipe.validation,
+        )
     figures["text"] = gate.text
     figures["chat_prompts"] = gate.chat_prompts
     if not figures["passed"]:
@@ -217,6 +219,15 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
     # A backend that repacks weights (XNNPACK) says what it stored; otherwise the program's own.
     runtime = {"weight_bytes": weights, **lowered.runtime}
     return assemble_manifest(inputs, lowered.path, runtime, figures, timings)
+
+
+def _load_or_fail(inputs: BuildInputs, backend: Backend, path: Path, timings: dict[str, Any]) -> Stepper:
+    """The artifact in its runtime; a program that does not load fails the gate like any other."""
+    try:
+        return backend.load(path)
+    except ArtifactError as e:
+        figures = {"passed": False, "failures": [f"the built program does not load: {e.message}"]}
+        raise _gate_failed(inputs, figures, timings) from None
 
 
 def _gate_failed(inputs: BuildInputs, figures: dict[str, Any], timings: dict[str, Any]) -> ValidationError:

@@ -206,3 +206,20 @@ def test_correct_int4_build_of_random_weights_is_not_refused_for_noise(
     assert v["passed"] and v["vs_eager"]["mismatches_not_at_ties"] == 0
     assert v["vs_fp32"]["artifact"]["clear_positions"] == 0
     assert v["vs_fp32"]["artifact"]["top1_agreement_clear"] is None
+
+
+def test_a_program_that_does_not_load_fails_the_gate_naming_the_record(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backends.xnnpack.lower import XnnpackBackend
+    from exporter.errors import ArtifactError
+
+    def refuse(self: XnnpackBackend, path: Path) -> None:
+        raise ArtifactError(path, "ExecuTorch cannot load this program (Failed to load method forward)")
+
+    monkeypatch.setattr(XnnpackBackend, "load", refuse)
+    with pytest.raises(ValidationError, match="the built program does not load") as caught:
+        _tiny_build(tiny_checkpoint, tmp_path)
+    assert caught.value.path == tmp_path / "tiny-llama" / "reference-fp32.failed.json"
+    assert ".tmp-" not in str(caught.value)  # not the hidden staging folder
+    assert sorted(p.name for p in (tmp_path / "tiny-llama").iterdir()) == ["reference-fp32.failed.json"]
