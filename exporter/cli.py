@@ -142,7 +142,7 @@ def inspect(artifact_dir: Path, as_json: bool) -> None:
     "--text",
     "text_file",
     type=click.Path(path_type=Path),
-    help="Text to score (default: held-out text of the shipped model's corpus).",
+    help="Text to score (default: the text the artifact's gate scored).",
 )
 @click.option(
     "--checkpoint",
