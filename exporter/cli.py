@@ -61,8 +61,7 @@ def _hush_libraries() -> None:
     warnings.simplefilter("ignore")
     logging.getLogger("torchao").setLevel(logging.ERROR)
     logging.getLogger("torch").setLevel(logging.ERROR)
-    for name in ("torch.utils._pytree",):  # torch registers this one with its own level
-        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torch gives it its own level
 
 
 @main.command()

@@ -3,22 +3,18 @@ the same text: perplexity of both, top-1 agreement and mean KL(fp32 || artifact)
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from .checkpoint import digest_files, load_model, open_checkpoint
 from .errors import ArtifactError
 from .gate_inputs import text_path as gate_text
-from .manifest import MANIFEST, read_manifest
+from .manifest import MANIFEST, read_manifest, write_json_atomically
 from .pipeline import DEFAULT_CHECKPOINT
 from .recipe import ValidationSettings
 from .runtime import load_artifact, native_logs_captured, score
 from .tokenizer import encode, load_tokenizer, tokenizer_info
 from .validate import distribution_figures, fp32_reference
-
-CLEAR_MARGIN = ValidationSettings().clear_margin
 
 
 def evaluate(
@@ -35,8 +31,9 @@ def evaluate(
         raise ArtifactError(
             ckpt.path, f"is not the checkpoint {manifest['model']['name']!r} was built from (digest differs)"
         )
-    setting = manifest["recipe"]["resolved"]["validation"].get("text", "")
-    text_path = text_file or gate_text(setting, ckpt.path)[0]
+    gate = manifest["recipe"]["resolved"]["validation"]
+    text_path = text_file or gate_text(gate.get("text", ""), ckpt.path)[0]
+    clear_margin = float(gate.get("clear_margin", ValidationSettings().clear_margin))
     try:
         text = text_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -49,8 +46,8 @@ def evaluate(
     reference = fp32_reference(load_model(ckpt, manifest["runtime"]["max_seq_len"]), ids)
     with native_logs_captured():
         logits = score(load_artifact(Path(artifact_dir), manifest), ids)
-    artifact = distribution_figures(logits, reference, CLEAR_MARGIN)
-    fp32 = distribution_figures(reference.logits, reference, CLEAR_MARGIN)
+    artifact = distribution_figures(logits, reference, clear_margin)
+    fp32 = distribution_figures(reference.logits, reference, clear_margin)
     result = {
         "text": str(text_path),
         "tokens_scored": len(ids) - 1,
@@ -68,6 +65,4 @@ def evaluate(
 
 def _merge_into_manifest(folder: Path, manifest: dict[str, Any], result: dict[str, Any]) -> None:
     manifest["eval"] = result
-    tmp = folder / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, folder / MANIFEST)  # atomic: a reader sees the old or the new manifest
+    write_json_atomically(folder / MANIFEST, manifest)

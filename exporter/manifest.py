@@ -4,6 +4,7 @@ runtime needs to load it. Versioned with ``schema_version``; an app team loads f
 from __future__ import annotations
 
 import json
+import os
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -40,6 +41,14 @@ def tool_versions() -> dict[str, str]:
 def kernel_libraries(operators: list[str]) -> list[str]:
     namespaces = sorted({op.split("::", 1)[0] for op in operators})
     return [KERNEL_LIBRARIES.get(ns, f"library providing {ns}:: operators") for ns in namespaces]
+
+
+def write_json_atomically(path: Path, data: dict[str, Any]) -> Path:
+    """Write beside ``path`` and rename: a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:

@@ -7,7 +7,6 @@ passed, so a failed or interrupted build leaves the previous artifact untouched 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -26,7 +25,7 @@ from backends import Backend, Stepper, get_backend
 from .checkpoint import Checkpoint, check_finite, digest_files, open_checkpoint, sha256_file
 from .errors import ArtifactError, CheckpointError, ExporterError, ValidationError
 from .gate_inputs import GateInputs, gate_inputs
-from .manifest import kernel_libraries, tool_versions, write_manifest
+from .manifest import kernel_libraries, tool_versions, write_json_atomically, write_manifest
 from .memory import peak_rss_mb, release_memory
 from .model import Transformer
 from .quantize import quantize_model
@@ -158,14 +157,6 @@ def failed_path(target: Path) -> Path:
     return target.with_name(target.name + FAILED_SUFFIX)
 
 
-def write_failure(target: Path, record: dict[str, Any]) -> Path:
-    path = failed_path(target)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(tmp, path)  # a reader sees a whole file or none
-    return path
-
-
 def build(
     recipe_arg: str,
     checkpoint: Path | None = None,
@@ -241,7 +232,7 @@ def _gate_failed(inputs: BuildInputs, figures: dict[str, Any], timings: dict[str
         "validation": figures,
         "timings": timings,
     }
-    path = write_failure(inputs.target, record)
+    path = write_json_atomically(failed_path(inputs.target), record)
     return ValidationError(
         path, "validation failed, nothing published (figures in this file): " + "; ".join(figures["failures"])
     )
