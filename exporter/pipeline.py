@@ -28,12 +28,13 @@ from .gate_inputs import GateInputs, gate_inputs
 from .manifest import kernel_libraries, tool_versions, write_json_atomically, write_manifest
 from .memory import peak_rss_mb, release_memory
 from .model import Transformer
-from .quantize import quantize_model
+from .quantize import precision_map, quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
 from .runtime import native_logs_captured
 from .stream import DTYPES, stream_module
 from .tokenizer import TokenizerInfo, load_tokenizer, tokenizer_info
 from .transforms import for_export
+from .tune import calibration_ids, needs_whole_model, tuned_module
 from .validate import model_teacher, validate
 
 log = logging.getLogger("exporter")
@@ -62,6 +63,8 @@ class BuildInputs:
     tokenizer_info: TokenizerInfo
     target: Path
     gate: GateInputs
+    # the shipped text a tuned recipe calibrates and trains on: ids, and what the manifest says of it
+    calibration: tuple[list[int], dict[str, Any]] | None = None
 
 
 def prepare(
@@ -82,7 +85,9 @@ def prepare(
         )
     target = (out or DEFAULT_OUT) / ckpt.name / recipe.name
     gate = gate_inputs(recipe, recipe_file, tokenizer, info, ckpt.path)
-    return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target, gate)
+    name = recipe.calibration_text()
+    calibration = None if name is None else calibration_ids(name, tokenizer, info, recipe_file)
+    return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target, gate, calibration)
 
 
 def make_staging(target: Path) -> Path:
@@ -184,7 +189,14 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
     timings: dict[str, Any] = {}
     with stage(timings, "load_quantize"):
         check_finite(ckpt)
-        module, reference = stream_module(ckpt, recipe, gate.ids)
+        tuning: dict[str, Any] = {}
+        if needs_whole_model(recipe):
+            assert inputs.calibration is not None  # prepare() reads it for every tuned recipe
+            module, reference, tuning = tuned_module(ckpt, recipe, gate.ids, inputs.calibration[0])
+            tuning["calibration_text"] = inputs.calibration[1]
+        else:
+            module, reference = stream_module(ckpt, recipe, gate.ids)
+        precision = precision_map(module.model)
         release_memory()
     with stage(timings, "export"):
         held = [export_program(module, recipe.export.max_seq_len)]
@@ -204,12 +216,16 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
         )
     figures["text"] = gate.text
     figures["chat_prompts"] = gate.chat_prompts
+    quantization = {"precision": precision, **({"tuning": tuning} if tuning else {})}
     if not figures["passed"]:
-        raise _gate_failed(inputs, figures, timings)
+        raise _gate_failed(inputs, figures, timings, quantization)
     shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")
     # A backend that repacks weights (XNNPACK) says what it stored; otherwise the program's own.
     runtime = {"weight_bytes": weights, **lowered.runtime}
-    return assemble_manifest(inputs, lowered.path, runtime, figures, timings)
+    return {
+        **assemble_manifest(inputs, lowered.path, runtime, figures, timings),
+        "quantization": quantization,
+    }
 
 
 def _load_or_fail(inputs: BuildInputs, backend: Backend, path: Path, timings: dict[str, Any]) -> Stepper:
@@ -221,9 +237,15 @@ def _load_or_fail(inputs: BuildInputs, backend: Backend, path: Path, timings: di
         raise _gate_failed(inputs, figures, timings) from None
 
 
-def _gate_failed(inputs: BuildInputs, figures: dict[str, Any], timings: dict[str, Any]) -> ValidationError:
+def _gate_failed(
+    inputs: BuildInputs,
+    figures: dict[str, Any],
+    timings: dict[str, Any],
+    quantization: dict[str, Any] | None = None,
+) -> ValidationError:
     """Write the failed build's figures beside the target; the error names that file."""
     record = {
+        **({"quantization": quantization} if quantization else {}),
         "failed": True,
         "model": inputs.checkpoint.name,
         "checkpoint": str(inputs.checkpoint.path),

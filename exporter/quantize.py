@@ -3,7 +3,9 @@ we only choose torchao schemes and which modules they apply to."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -12,13 +14,17 @@ from .model import Transformer
 from .recipe import EmbeddingQuant, LinearQuant, Quantization
 
 
-def _linear_config(q: LinearQuant) -> object:
+def linear_config(q: LinearQuant) -> object:
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig
-    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quantize_.workflows import IntxChooseQParamsAlgorithm
 
     if q.scheme == "int4_weight_only":
         return _int4_cpu_config(q)
+    if q.scheme == "8da8w":
+        # One scale per output channel, which XNNPACK stores in fp32 (only group-wise scales are
+        # narrowed to bf16), so fp32 scales here are what the .pte computes with.
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
     return Int8DynamicActivationIntxWeightConfig(
         weight_dtype=torch.int4,  # type: ignore[attr-defined]
         weight_granularity=PerGroup(q.group_size),
@@ -74,18 +80,52 @@ def _apply(module: nn.Module, config: object, kind: type[nn.Module]) -> None:
     quantize_(module, config, filter_fn=lambda m, _fqn: isinstance(m, kind))  # type: ignore[arg-type]
 
 
-def quantize_linears(module: nn.Module, q: LinearQuant | None, dtype: torch.dtype | None = None) -> nn.Module:
+def quantize_linears(
+    module: nn.Module,
+    q: LinearQuant | None,
+    dtype: torch.dtype | None = None,
+    plan: Mapping[str, LinearQuant] | None = None,
+) -> nn.Module:
     """Quantize every ``nn.Linear`` in ``module`` (which may be one layer, or the head alone), each a
-    block of rows at a time, its weight cast to ``dtype`` (None: kept) block by block."""
+    block of rows at a time, its weight cast to ``dtype`` (None: kept) block by block. ``plan``
+    gives some linears (by name within ``module``) another precision than ``q``."""
     if q is not None:
-        config = _linear_config(q)
-        for linear in [m for m in module.modules() if isinstance(m, nn.Linear)]:
-            if q.scheme == "int4_weight_only":  # packed for the CPU int4 kernel: no row blocks
+        for name, linear in [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)]:
+            chosen = (plan or {}).get(name, q)
+            config = linear_config(chosen)
+            if chosen.scheme == "int4_weight_only":  # packed for the CPU int4 kernel: no row blocks
                 linear.weight = nn.Parameter(linear.weight.detach().to(dtype or linear.weight.dtype), False)
                 _apply(linear, config, nn.Linear)
             else:
-                quantize_rows(linear, lambda m: _apply(m, config, nn.Linear), dtype or linear.weight.dtype)
+                quantize_rows(
+                    linear,
+                    functools.partial(_apply, config=config, kind=nn.Linear),
+                    dtype or linear.weight.dtype,
+                )
     return module
+
+
+def quantized_weight(weight: torch.Tensor, q: LinearQuant) -> torch.Tensor:
+    """``weight`` [out, in] quantized by torchao at precision ``q`` (a tensor subclass)."""
+    linear = _like(nn.Linear(1, 1), weight.detach())
+    quantize_linears(linear, q)
+    return cast(torch.Tensor, linear.weight).detach()
+
+
+def dequantized(weight: torch.Tensor) -> torch.Tensor:
+    """A torchao weight back in fp32 (torchao's own dequantize)."""
+    plain = weight.dequantize() if hasattr(weight, "dequantize") else weight
+    return plain.float()
+
+
+def stored_bytes_estimate(shape: torch.Size, q: LinearQuant) -> float:
+    """Bytes an XNNPACK program stores for a [out, in] linear weight at precision ``q``: packed
+    int4 plus a bf16 scale per group, or int8 plus an fp32 scale per output channel."""
+    out_features, in_features = shape
+    if q.scheme == "8da8w":
+        return out_features * (in_features + 4)
+    bits = 4 if q.scheme in ("8da4w", "int4_weight_only") else 8
+    return out_features * in_features * (bits / 8 + 2 / q.group_size)
 
 
 def quantize_embedding(
@@ -165,3 +205,33 @@ def quantize_model(model: Transformer, quant: Quantization) -> Transformer:
     quantize_embedding(model, quant.embedding)
     quantize_linears(model, quant.linear)
     return model
+
+
+def describe_weight(weight: torch.Tensor) -> str:
+    """How a weight is stored, in words: the manifest's precision map."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    if isinstance(weight, IntxUnpackedToInt8Tensor):
+        bits = {torch.int4: 4, torch.int8: 8}.get(weight.target_dtype, weight.target_dtype)  # type: ignore[attr-defined]
+        group = weight.block_size[-1]
+        grouping = "per-channel" if group == weight.shape[-1] else f"g{group}"
+        acts = "int8 dynamic activations" if weight.activation_quantization else "weight-only"
+        scale = str(weight.scale.dtype).removeprefix("torch.")
+        return f"int{bits} {grouping} {acts}, {scale} scales"
+    if type(weight) in (torch.Tensor, nn.Parameter):
+        return str(weight.dtype).removeprefix("torch.")
+    return type(weight).__name__
+
+
+def precision_map(model: nn.Module) -> dict[str, Any]:
+    """Every linear and embedding weight's precision, and a count per precision."""
+    by_tensor: dict[str, str] = {}
+    summary: dict[str, dict[str, int]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear | nn.Embedding):
+            label = describe_weight(module.weight)
+            by_tensor[f"{name}.weight"] = label
+            entry = summary.setdefault(label, {"tensors": 0, "parameters": 0})
+            entry["tensors"] += 1
+            entry["parameters"] += module.weight.numel()
+    return {"summary": summary, "by_tensor": by_tensor}

@@ -23,10 +23,19 @@ from .model import ModelArgs
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 BACKENDS = ("xnnpack", "aoti")
-# 8da4w: int8 dynamic activations + int4 weights (XNNPACK). int4_weight_only: bf16 activations,
-# int4 weights packed for ATen's CPU tinygemm kernel (AOTInductor on x86 servers).
-LINEAR_SCHEMES = ("8da4w", "int4_weight_only")
-SCALE_ALGORITHMS = {"8da4w": ("affine", "hqq_scale_only"), "int4_weight_only": ("affine", "hqq")}
+# 8da4w: int8 dynamic activations + int4 groupwise weights (XNNPACK). 8da8w: int8 dynamic
+# activations + int8 weights, one scale per output channel (XNNPACK). int4_weight_only: bf16
+# activations, int4 weights packed for ATen's CPU tinygemm kernel (AOTInductor on x86 servers).
+LINEAR_SCHEMES = ("8da4w", "8da8w", "int4_weight_only")
+SCALE_ALGORITHMS = {
+    "8da4w": ("affine", "hqq_scale_only"),
+    "8da8w": ("affine",),
+    "int4_weight_only": ("affine", "hqq"),
+}
+# Which backend runs each linear scheme.
+SCHEME_BACKEND = {"8da4w": "xnnpack", "8da8w": "xnnpack", "int4_weight_only": "aoti"}
+# Shipped texts that calibration and training may read (held out from every gate and evaluation).
+TRAINING_TEXTS = ("calibration",)
 DTYPES = ("float32", "bfloat16")
 
 
@@ -62,13 +71,75 @@ class ExportSettings:
 @dataclass(frozen=True)
 class LinearQuant:
     scheme: str = "8da4w"  # int8 dynamic activations + int4 groupwise weights
-    group_size: int = 32
+    group_size: int = 32  # 0: one scale per output channel (8da8w)
     scale_algorithm: str = "affine"
 
     def __post_init__(self) -> None:
         _one_of("scheme", self.scheme, LINEAR_SCHEMES)
-        _positive("group_size", self.group_size)
+        if self.scheme == "8da8w":
+            if self.group_size != 0:
+                raise _Invalid("group_size", "8da8w has one scale per output channel; set 0")
+        else:
+            _positive("group_size", self.group_size)
         _one_of("scale_algorithm", self.scale_algorithm, SCALE_ALGORITHMS[self.scheme])
+
+    def label(self) -> str:
+        """One name per precision, as the manifest's precision map writes it."""
+        group = "per-channel" if self.group_size == 0 else f"g{self.group_size}"
+        return f"{self.scheme} {group} {self.scale_algorithm}"
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Per-linear precision chosen by measured sensitivity (``exporter/mixed.py``): every linear
+    starts at ``quantization.linear``; those whose quantization error costs the most (diagonal
+    Fisher information of the fp32 model on calibration text, times the squared weight error)
+    per extra byte are raised to a ``candidates`` precision, until the calibration text's
+    perplexity ratio to fp32 is at most ``max_perplexity_ratio`` or the weights would exceed
+    ``max_size_ratio`` times their size with every linear at ``quantization.linear``."""
+
+    candidates: tuple[LinearQuant, ...] = ()
+    max_size_ratio: float = 1.15
+    # 1.0: spend the whole size budget (no quantized model reaches fp32 exactly)
+    max_perplexity_ratio: float = 1.0
+    text: str = "calibration"
+    # windows of calibration text for the Fisher information and for the perplexity checks
+    windows: int = 8
+    window_tokens: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise _Invalid("candidates", "must list at least one precision to raise linears to")
+        if self.max_size_ratio < 1:
+            raise _Invalid("max_size_ratio", f"must be >= 1, got {self.max_size_ratio}")
+        if self.max_perplexity_ratio < 1:
+            raise _Invalid("max_perplexity_ratio", f"must be >= 1, got {self.max_perplexity_ratio}")
+        _one_of("text", self.text, TRAINING_TEXTS)
+        _positive("windows", self.windows)
+        _positive("window_tokens", self.window_tokens)
+
+
+@dataclass(frozen=True)
+class QuantizationAwareTraining:
+    """torchao QAT (``exporter/qat.py``): the linears are fake-quantized at their planned precision
+    and trained for ``steps`` windows of calibration text to match the fp32 model's own next-token
+    distributions (KL), then converted. The same inputs give the same weights: the window order
+    comes from ``seed`` and the thread count is fixed (float sums depend on it)."""
+
+    steps: int = 150
+    window_tokens: int = 256
+    learning_rate: float = 3e-5
+    text: str = "calibration"
+    seed: int = 0
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        _positive("steps", self.steps)
+        _positive("window_tokens", self.window_tokens)
+        _positive("learning_rate", self.learning_rate)
+        _one_of("text", self.text, TRAINING_TEXTS)
+        _positive("threads", self.threads)
 
 
 @dataclass(frozen=True)
@@ -85,6 +156,23 @@ class EmbeddingQuant:
 class Quantization:
     linear: LinearQuant | None = None
     embedding: EmbeddingQuant | None = None
+    mixed: MixedPrecision | None = None
+    qat: QuantizationAwareTraining | None = None
+
+    def __post_init__(self) -> None:
+        tuned = [k for k in ("mixed", "qat") if getattr(self, k) is not None]
+        if self.mixed is not None and self.qat is not None and self.mixed.text != self.qat.text:
+            raise _Invalid("qat.text", "must be the same text as quantization.mixed.text")
+        if tuned and (self.linear is None or self.linear.scheme != "8da4w"):
+            raise _Invalid(tuned[0], "needs quantization.linear with scheme '8da4w'")
+        if self.qat is not None and self.linear is not None and self.linear.scale_algorithm != "affine":
+            # torchao's fake quantizer chooses scales by absolute maximum: train and convert alike
+            raise _Invalid("linear.scale_algorithm", "QAT trains with 'affine' scales; set 'affine'")
+        for i, c in enumerate(self.mixed.candidates if self.mixed else ()):
+            if SCHEME_BACKEND[c.scheme] != "xnnpack":
+                raise _Invalid(f"mixed.candidates[{i}].scheme", "must be '8da4w' or '8da8w'")
+            if self.qat is not None and c.scale_algorithm != "affine":
+                raise _Invalid(f"mixed.candidates[{i}].scale_algorithm", "QAT trains with 'affine'")
 
 
 @dataclass(frozen=True)
@@ -149,7 +237,7 @@ class Recipe:
             raise _Invalid("export.custom_sdpa", "is an ExecuTorch op; set it false for aoti")
         linear = self.quantization.linear
         if linear is not None:
-            wanted = {"8da4w": "xnnpack", "int4_weight_only": "aoti"}[linear.scheme]
+            wanted = SCHEME_BACKEND[linear.scheme]
             if self.backend != wanted:
                 raise _Invalid("quantization.linear.scheme", f"{linear.scheme!r} needs backend {wanted!r}")
             if linear.scheme == "int4_weight_only" and self.export.dtype != "bfloat16":
@@ -159,6 +247,11 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def calibration_text(self) -> str | None:
+        """The shipped text the quantization is tuned on, if it is tuned at all."""
+        tuned = self.quantization.mixed or self.quantization.qat
+        return None if tuned is None else tuned.text
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
@@ -236,6 +329,17 @@ def _build(cls: type, data: Any, path: Path, prefix: str) -> Any:
         raise RecipeError(path, f"{prefix}{e.key}: {e}") from e
 
 
+def _convert_tuple(inner: Any, value: Any, path: Path, key: str) -> tuple[Any, ...]:
+    """A list of strings, or a list of tables (TOML's array of inline tables) for a dataclass."""
+    if dataclasses.is_dataclass(inner):
+        if not isinstance(value, list):
+            raise RecipeError(path, f"{key}: expected a list of tables, got {value!r}")
+        return tuple(_build(inner, v, path, f"{key}[{i}].") for i, v in enumerate(value))  # type: ignore[arg-type]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RecipeError(path, f"{key}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
 def _convert(hint: Any, value: Any, path: Path, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):  # `X | None`: absent, or None in a manifest
@@ -244,9 +348,7 @@ def _convert(hint: Any, value: Any, path: Path, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, path, key + ".")  # type: ignore[arg-type]
     if origin is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise RecipeError(path, f"{key}: expected a list of strings, got {value!r}")
-        return tuple(value)
+        return _convert_tuple(typing.get_args(hint)[0], value, path, key)
     if origin is Literal:
         hint = str
     expected = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}[hint]
@@ -259,8 +361,10 @@ def _convert(hint: Any, value: Any, path: Path, key: str) -> Any:
 
 def check_fits(recipe: Recipe, args: ModelArgs, path: Path) -> None:
     """Checks that need the model's shapes; cheap, so they run before any weights are read."""
-    linear = recipe.quantization.linear
-    if linear is not None:
+    mixed = recipe.quantization.mixed
+    for linear in (recipe.quantization.linear, *(mixed.candidates if mixed else ())):
+        if linear is None or linear.group_size == 0:
+            continue
         in_features = {
             "attention q/k/v and feed-forward gate/up (hidden_size)": args.dim,
             "attention output (n_heads * head_dim)": args.n_heads * args.head_dim,

@@ -44,8 +44,14 @@ def test_quantized_model_stays_close_to_fp32(tiny_checkpoint: Path) -> None:
 
 
 def test_scale_algorithm_is_a_recipe_setting(tiny_checkpoint: Path) -> None:
-    _, affine = _quantized(tiny_checkpoint, "quantization.linear.scale_algorithm='affine'")
-    _, hqq = _quantized(tiny_checkpoint, "quantization.linear.scale_algorithm='hqq_scale_only'")
+    # the device recipes train (QAT, affine only): a recipe without training chooses either
+    ckpt = open_checkpoint(tiny_checkpoint)
+
+    def with_algorithm(name: str) -> torch.nn.Module:
+        overrides = ("quantization.linear.scheme='8da4w'", f"quantization.linear.scale_algorithm='{name}'")
+        return quantize_model(load_model(ckpt, 32), load_recipe("reference-fp32", overrides).quantization)
+
+    affine, hqq = with_algorithm("affine"), with_algorithm("hqq_scale_only")
     w_affine = affine.layers[0].attention.wq.weight.dequantize()
     w_hqq = hqq.layers[0].attention.wq.weight.dequantize()
     assert not torch.equal(w_affine, w_hqq)
@@ -59,7 +65,7 @@ def test_row_blocks_give_the_whole_weight_quantization() -> None:
     from exporter.quantize import (
         _apply,
         _embedding_config,
-        _linear_config,
+        linear_config,
         quantize_embedding,
         quantize_linears,
     )
@@ -69,7 +75,7 @@ def test_row_blocks_give_the_whole_weight_quantization() -> None:
     torch.manual_seed(0)
     weight = (torch.randn(100, 64) * torch.rand(100, 1)).to(torch.bfloat16)  # uneven last block
     cases = (
-        (lambda: nn.Linear(64, 100, bias=False), _linear_config(q.linear), quantize_linears, q.linear),
+        (lambda: nn.Linear(64, 100, bias=False), linear_config(q.linear), quantize_linears, q.linear),
         (lambda: nn.Embedding(100, 64), _embedding_config(q.embedding), quantize_embedding, q.embedding),
     )
     for make, config, ours, setting in cases:

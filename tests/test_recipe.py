@@ -33,6 +33,13 @@ def test_device_recipes_are_8da4w_group32_with_quantized_embedding(name: str) ->
     assert r.quantization.linear is not None and r.quantization.linear.scheme == "8da4w"
     assert r.quantization.linear.group_size == 32
     assert r.quantization.embedding is not None and r.quantization.embedding.group_size == 32
+    # tuned on the model: sensitive linears raised (measured), then QAT on held-out-free text
+    mixed, qat = r.quantization.mixed, r.quantization.qat
+    assert mixed is not None and {c.label() for c in mixed.candidates} == {
+        "8da4w g16 affine",
+        "8da8w per-channel affine",
+    }
+    assert qat is not None and qat.text == mixed.text == "calibration"
 
 
 def test_reference_is_unquantized() -> None:
@@ -66,6 +73,34 @@ BASE = 'name = "bad"\nbackend = "xnnpack"\n'
         ('name = "bad"\nbackend = "tflite"\n', "backend: must be one of"),
         ('backend = "xnnpack"\n', "required key name missing"),
         (BASE + "[export\n", "not valid TOML"),
+        (BASE + "[quantization.linear]\nscheme = '8da8w'\n", "quantization.linear.group_size: 8da8w has one"),
+        (BASE + "[quantization.mixed]\ncandidates = []\n", "quantization.mixed.candidates: must list"),
+        (
+            BASE + "[quantization.mixed]\ncandidates = ['8da8w']\n",
+            "quantization.mixed.candidates[0]: expected a table",
+        ),
+        (
+            BASE + "[quantization.mixed]\ncandidates = [{scheme = '8da8w', group_size = 0, bits = 8}]\n",
+            "unknown key 'quantization.mixed.candidates[0].bits'",
+        ),
+        (
+            BASE + "[quantization.linear]\n[quantization.mixed]\ncandidates = [{group_size = 16}]\n"
+            "text = 'prose-and-code'\n",
+            "quantization.mixed.text: must be one of 'calibration'",
+        ),
+        (
+            BASE + "[quantization.qat]\nsteps = 10\n",
+            "quantization.qat: needs quantization.linear with scheme '8da4w'",
+        ),
+        (
+            BASE + "[quantization.linear]\nscale_algorithm = 'hqq_scale_only'\n[quantization.qat]\n",
+            "quantization.linear.scale_algorithm: QAT trains with 'affine'",
+        ),
+        (
+            BASE + "[quantization.linear]\n[quantization.mixed]\n"
+            "candidates = [{scheme = 'int4_weight_only', scale_algorithm = 'hqq'}]\n",
+            "quantization.mixed.candidates[0].scheme: must be '8da4w' or '8da8w'",
+        ),
     ],
 )
 def test_bad_recipe_names_file_and_key(tmp_path: Path, text: str, words: str) -> None:

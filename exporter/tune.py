@@ -1,0 +1,93 @@
+"""The build path of recipes that tune their quantization on the model itself: a measured
+mixed-precision plan (``quantization.mixed``) and/or quantization-aware training
+(``quantization.qat``). Both need the whole fp32 model at once (backward passes through it), so
+this path loads it whole instead of streaming a layer at a time; recipes without them keep the
+streamed path (``stream.py``) and its memory.
+
+checkpoint -> fp32 model -> reference logits on the gate's text -> plan -> QAT -> quantize ->
+source transforms. The calibration text is a shipped text held out from every gate and evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import Checkpoint, load_model
+from .errors import RecipeError
+from .gate_inputs import TEXTS
+from .mixed import choose_precisions, linears
+from .quantize import quantize_embedding, quantize_linears, untie_embeddings
+from .recipe import LinearQuant, Recipe
+from .stream import DTYPES
+from .tokenizer import encode
+from .transforms import LastTokenLogits, for_export
+from .validate import Reference, full_logits
+
+
+def calibration_ids(
+    name: str, tokenizer: Any, info: Any, recipe_file: Path
+) -> tuple[list[int], dict[str, Any]]:
+    """The shipped training text ``name`` as token ids, and what the manifest says of it."""
+    path = TEXTS / f"{name}.txt"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RecipeError(recipe_file, f"calibration text {path} cannot be read ({e.strerror})") from e
+    ids = encode(tokenizer, info, text)
+    described = {
+        "source": f"shipped:{name}",
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "tokens": len(ids),
+    }
+    return ids, described
+
+
+def needs_whole_model(recipe: Recipe) -> bool:
+    return recipe.quantization.mixed is not None or recipe.quantization.qat is not None
+
+
+def tuned_module(
+    ckpt: Checkpoint,
+    recipe: Recipe,
+    gate_ids: Sequence[int],
+    calibration: Sequence[int],
+) -> tuple[LastTokenLogits, Reference, dict[str, Any]]:
+    """The exported module for ``recipe``, eager fp32 logits on ``gate_ids`` and the record of
+    the tuning (plan, training) for the manifest."""
+    quant = recipe.quantization
+    base = quant.linear
+    assert base is not None  # the recipe checks that mixed/qat come with a linear scheme
+    model = load_model(ckpt, recipe.export.max_seq_len)
+    reference = Reference(list(gate_ids), full_logits(model, gate_ids))
+    untie_embeddings(model)
+    record: dict[str, Any] = {}
+    plan: dict[str, LinearQuant] = dict.fromkeys(linears(model), base)
+    if quant.mixed is not None:
+        start = time.perf_counter()
+        chosen = choose_precisions(model, base, quant.mixed, calibration)
+        plan = chosen.precision
+        record["mixed"] = {**chosen.record, "seconds": round(time.perf_counter() - start, 1)}
+    if quant.qat is not None:
+        from .qat import distill
+
+        record["qat"] = distill(model, plan, quant.qat, calibration)
+        record["qat"]["seconds_per_million_parameters"] = round(
+            record["qat"]["seconds"] / (ckpt.args.parameter_count() / 1e6), 3
+        )
+    else:
+        quantize_linears(model, base, plan=plan)
+    dtype = DTYPES[recipe.export.dtype]
+    with torch.no_grad():
+        if quant.embedding is not None:
+            quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
+        model.to(dtype)
+    model.init_buffers()
+    for name in ("rope_cos", "rope_sin"):
+        model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
+    return for_export(recipe, model), reference, record
