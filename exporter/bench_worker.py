@@ -13,11 +13,11 @@ import torch
 
 from backends import Stepper
 
-from .checkpoint import load_model, open_checkpoint
+from .checkpoint import open_checkpoint
 from .gate_inputs import HELDOUT
 from .manifest import read_manifest
 from .memory import peak_rss_mb
-from .pipeline import DEFAULT_CHECKPOINT, prepare_module, stored_bytes
+from .pipeline import DEFAULT_CHECKPOINT, eager_module, stored_bytes
 from .recipe import ExportSettings, Quantization, recipe_from_dict
 from .runtime import eager_stepper, load_artifact, native_logs_captured
 from .tokenizer import encode, load_tokenizer, tokenizer_info
@@ -49,8 +49,7 @@ def load_subject(kind: str, target: str, checkpoint: Path | None) -> tuple[str, 
             quantization=Quantization(),
             export=ExportSettings(max_seq_len=recipe.export.max_seq_len, dtype="float32", custom_sdpa=False),
         )
-    model = load_model(open_checkpoint(checkpoint or DEFAULT_CHECKPOINT), recipe.export.max_seq_len)
-    module = prepare_module(recipe, model)
+    module = eager_module(recipe, open_checkpoint(checkpoint or DEFAULT_CHECKPOINT))
     weights = sum(stored_bytes(p) for p in module.parameters())
     name = "eager fp32" if kind == "eager-fp32" else f"eager {recipe.name}"
     return name, eager_stepper(module), {"weight_bytes": weights}

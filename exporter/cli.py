@@ -141,7 +141,7 @@ def inspect(artifact_dir: Path, as_json: bool) -> None:
     "--text",
     "text_file",
     type=click.Path(path_type=Path),
-    help="Text to score (default: the text the artifact's gate scored).",
+    help="A shipped text (prose, code, prose-and-code) or a file (default: the text the gate scored).",
 )
 @click.option(
     "--checkpoint",
@@ -199,6 +199,7 @@ def recipes() -> None:
     for path in list_recipes():
         r = load_recipe(str(path))
         click.echo(f"{r.name:18} {r.backend:8} {r.description}")
+        click.echo(f"{'':27} {r.tradeoff()}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ def evaluate(
             ckpt.path, f"is not the checkpoint {manifest['model']['name']!r} was built from (digest differs)"
         )
     gate = manifest["recipe"]["resolved"]["validation"]
-    text_path = text_file or gate_text(gate.get("text", ""), ckpt.path)[0]
+    # a shipped text's name (prose, code, prose-and-code) or a path; default: the gate's own
+    text_path, text_name = gate_text(str(text_file) if text_file else gate.get("text", ""), ckpt.path)
     clear_margin = float(gate.get("clear_margin", ValidationSettings().clear_margin))
     try:
         text = text_path.read_text(encoding="utf-8")
@@ -49,7 +50,7 @@ def evaluate(
     artifact = distribution_figures(logits, reference, clear_margin)
     fp32 = distribution_figures(reference.logits, reference, clear_margin)
     result = {
-        "text": str(text_path),
+        "text": text_name,
         "tokens_scored": len(ids) - 1,
         "artifact_perplexity": artifact["perplexity"],
         "fp32_perplexity": fp32["perplexity"],
@@ -64,5 +65,9 @@ def evaluate(
 
 
 def _merge_into_manifest(folder: Path, manifest: dict[str, Any], result: dict[str, Any]) -> None:
-    manifest["eval"] = result
+    """Under ``eval``, one entry per text scored (a later score of the same text replaces it)."""
+    earlier = manifest.get("eval", {})
+    if "text" in earlier:  # one result, as manifests before the per-text entries kept it
+        earlier = {earlier["text"]: earlier}
+    manifest["eval"] = {**earlier, result["text"]: result}
     write_json_atomically(folder / MANIFEST, manifest)

@@ -40,6 +40,7 @@ def summarize(artifact_dir: Path) -> dict[str, Any]:
         "validation_text": val["text"]["source"],
         "chat_template": "yes" if m["tokenizer"].get("chat_template") else "none",
         "build_seconds": round(sum(t["seconds"] for t in m["timings"].values()), 1),
+        "precision": _precision(m.get("quantization", {})),
     }
     return summary
 
@@ -48,3 +49,16 @@ def _agreement(figures: dict[str, Any]) -> str:
     clear, every = figures["top1_agreement_clear"], figures["top1_agreement"]
     at_clear = "no" if clear is None else f"{clear:.4f} at"
     return f"{at_clear} {figures['clear_positions']} clear positions ({every:.4f} at all)"
+
+
+def _precision(quantization: dict[str, Any]) -> str:
+    """Parameters per precision, and how the tuning chose them."""
+    summary = quantization.get("precision", {}).get("summary", {})
+    total = sum(v["parameters"] for v in summary.values()) or 1
+    parts = [f"{label} {v['parameters'] / total:.0%}" for label, v in summary.items()]
+    tuning = quantization.get("tuning", {})
+    if "mixed" in tuning:
+        parts.append(f"{tuning['mixed']['raised']} linears raised by measured sensitivity")
+    if "qat" in tuning:
+        parts.append(f"QAT {tuning['qat']['steps']} steps in {tuning['qat']['seconds']:.0f} s")
+    return "; ".join(parts) or "unknown"

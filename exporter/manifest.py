@@ -14,7 +14,9 @@ from .errors import ArtifactError
 
 # 2: tokenizer facts as transformers applies them (add_bos from the post-processor, special tokens,
 # generation defaults), the gate's scale-free figures and its text.
-SCHEMA_VERSION = 2
+# 3: a ``quantization`` section: every linear and embedding weight's precision, and for tuned
+# recipes the mixed-precision plan and the quantization-aware training (text digest, steps, seed).
+SCHEMA_VERSION = 3
 MANIFEST = "manifest.json"
 
 # Where each operator namespace outside the delegate comes from, for the app team's link line.

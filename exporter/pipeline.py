@@ -22,7 +22,7 @@ import torch
 
 from backends import Backend, Stepper, get_backend
 
-from .checkpoint import Checkpoint, check_finite, digest_files, open_checkpoint, sha256_file
+from .checkpoint import Checkpoint, check_finite, digest_files, load_model, open_checkpoint, sha256_file
 from .errors import ArtifactError, CheckpointError, ExporterError, ValidationError
 from .gate_inputs import GateInputs, gate_inputs
 from .manifest import kernel_libraries, tool_versions, write_json_atomically, write_manifest
@@ -155,6 +155,17 @@ def prepare_module(recipe: Recipe, model: Transformer) -> torch.nn.Module:
     model.to(DTYPES[recipe.export.dtype])
     quantize_model(model, recipe.quantization)
     return for_export(recipe, model)
+
+
+def eager_module(recipe: Recipe, ckpt: Checkpoint) -> torch.nn.Module:
+    """The eager module a build of ``recipe`` exports, for benches and tests: a tuned recipe is
+    tuned again (deterministic, so the same weights), any other is quantized as it is streamed."""
+    name = recipe.calibration_text()
+    if name is None:
+        return prepare_module(recipe, load_model(ckpt, recipe.export.max_seq_len))
+    tok = load_tokenizer(ckpt.tokenizer_path)
+    ids, _ = calibration_ids(name, tok, tokenizer_info(ckpt.path, ckpt.config, tok), Path(recipe.name))
+    return tuned_module(ckpt, recipe, [0, 0], ids)[0]
 
 
 def failed_path(target: Path) -> Path:

@@ -81,6 +81,9 @@ class LinearQuant:
                 raise _Invalid("group_size", "8da8w has one scale per output channel; set 0")
         else:
             _positive("group_size", self.group_size)
+        if self.scheme == "8da4w" and self.group_size % 32:
+            # executorch 1.5.1's XNNPACK partitioner asserts on anything else at lowering time
+            raise _Invalid("group_size", f"XNNPACK delegates multiples of 32, got {self.group_size}")
         _one_of("scale_algorithm", self.scale_algorithm, SCALE_ALGORITHMS[self.scheme])
 
     def label(self) -> str:
@@ -247,6 +250,23 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def tradeoff(self) -> str:
+        """What the recipe costs and keeps, in one line (``exporter recipes``)."""
+        q = self.quantization
+        weights = "fp32" if q.linear is None else q.linear.label()
+        if self.export.dtype != "float32":
+            weights += f", {self.export.dtype} activations"
+        parts = [f"linears {weights}"]
+        if q.mixed is not None:
+            raised = " / ".join(c.label().rsplit(" ", 1)[0] for c in q.mixed.candidates)
+            parts.append(f"sensitive ones raised to {raised} within x{q.mixed.max_size_ratio} bytes")
+        if q.qat is not None:
+            parts.append(f"QAT {q.qat.steps} steps x {q.qat.window_tokens} tokens")
+        if q.embedding is not None:
+            parts.append(f"embedding int{q.embedding.bits} g{q.embedding.group_size}")
+        parts.append(f"gate: perplexity <= x{self.validation.max_perplexity_ratio} fp32")
+        return "; ".join(parts)
 
     def calibration_text(self) -> str | None:
         """The shipped text the quantization is tuned on, if it is tuned at all."""

@@ -129,9 +129,9 @@ def test_group_size_that_does_not_divide(tiny_checkpoint: Path, tmp_path: Path) 
         "--out",
         str(tmp_path),
         "--set",
-        "quantization.linear.group_size=24",
+        "quantization.linear.group_size=96",
     )
-    assert_one_line_error(code, err, "android-arm64.toml", "group_size: 24 does not divide")
+    assert_one_line_error(code, err, "android-arm64.toml", "group_size: 96 does not divide")
 
 
 def test_unknown_recipe() -> None:

@@ -23,7 +23,7 @@ def test_eval_scores_and_merges_into_manifest(
     assert result["perplexity_ratio"] == pytest.approx(1.0, abs=1e-3)
     assert result["top1_agreement"] == 1.0 and result["mean_kl"] < 1e-5
     manifest = json.loads((tiny_artifact / "manifest.json").read_text())
-    assert manifest["eval"] == result
+    assert manifest["eval"]["file:t.txt"] == result
 
 
 def test_eval_refuses_another_checkpoint(tiny_artifact: Path, make_checkpoint: Callable[..., Path]) -> None:

@@ -13,25 +13,25 @@ from exporter.quantize import quantize_linears, untie_embeddings
 from exporter.recipe import LinearQuant, MixedPrecision
 
 G32 = LinearQuant("8da4w", 32, "affine")
-G16 = LinearQuant("8da4w", 16, "affine")
+HQQ = LinearQuant("8da4w", 32, "hqq_scale_only")
 I8 = LinearQuant("8da8w", 0, "affine")
 
 
 def test_raise_order_takes_the_most_error_saved_per_byte_within_the_budget() -> None:
     errors = {
-        "a": {G32: 10.0, G16: 6.0, I8: 0.0},  # g16 saves 4 for 1 byte; 8-bit 10 for 5
-        "b": {G32: 3.0, G16: 2.5, I8: 0.0},
+        "a": {G32: 10.0, HQQ: 6.0, I8: 0.0},  # HQQ saves 4 for 1 byte; 8-bit 10 for 5
+        "b": {G32: 3.0, HQQ: 2.5, I8: 0.0},
     }
-    sizes = {n: {G32: 10.0, G16: 11.0, I8: 15.0} for n in errors}
-    assert raise_order(errors, sizes, G32, 1.0) == [("a", G16)]
-    # then a from g16 to 8-bit saves 6 for 4 bytes (1.5/byte), more than b to 8-bit (3 for 5)
-    assert raise_order(errors, sizes, G32, 5.0) == [("a", G16), ("a", I8)]
+    sizes = {n: {G32: 10.0, HQQ: 11.0, I8: 15.0} for n in errors}
+    assert raise_order(errors, sizes, G32, 1.0) == [("a", HQQ)]
+    # then a from HQQ to 8-bit saves 6 for 4 bytes (1.5/byte), more than b to 8-bit (3 for 5)
+    assert raise_order(errors, sizes, G32, 5.0) == [("a", HQQ), ("a", I8)]
     assert raise_order(errors, sizes, G32, 0.5) == []
 
 
 def test_raise_order_never_moves_to_a_precision_that_is_worse() -> None:
-    errors = {"a": {G32: 1.0, G16: 2.0}}  # g16 estimated worse: not worth any byte
-    assert raise_order(errors, {"a": {G32: 1.0, G16: 2.0}}, G32, 100.0) == []
+    errors = {"a": {G32: 1.0, HQQ: 2.0}}  # estimated worse: not worth any byte
+    assert raise_order(errors, {"a": {G32: 1.0, HQQ: 2.0}}, G32, 100.0) == []
 
 
 def _model(ckpt_dir: Path) -> nn.Module:
@@ -57,7 +57,7 @@ def test_fisher_is_seeded_and_leaves_the_model_as_it_was(tiny_checkpoint: Path) 
 
 def test_plan_spends_no_more_than_its_size_budget_and_improves_calibration(tiny_checkpoint: Path) -> None:
     model = _model(tiny_checkpoint)
-    mixed = MixedPrecision(candidates=(G16, I8), max_size_ratio=1.3, windows=2, window_tokens=32)
+    mixed = MixedPrecision(candidates=(I8,), max_size_ratio=1.3, windows=2, window_tokens=32)
     plan = choose_precisions(model, G32, mixed, _ids(200))
     assert set(plan.precision) == set(linears(model))
     assert plan.record["raised"] > 0

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporter.checkpoint import load_model, open_checkpoint
+from exporter.checkpoint import open_checkpoint
 from exporter.errors import ValidationError
-from exporter.pipeline import DEFAULT_CHECKPOINT, build, prepare_module
+from exporter.pipeline import DEFAULT_CHECKPOINT, build, eager_module
 from exporter.play import generate
 from exporter.recipe import list_recipes, load_recipe
 from exporter.runtime import eager_stepper, greedy
@@ -36,8 +36,7 @@ def built(artifacts: Path) -> dict[str, Path]:
 def eager_greedy_text(recipe_name: str, steps: int) -> str:
     recipe = load_recipe(recipe_name)
     ckpt = open_checkpoint(DEFAULT_CHECKPOINT)
-    model = load_model(ckpt, recipe.export.max_seq_len)
-    module = prepare_module(recipe, model)
+    module = eager_module(recipe, ckpt)  # tuned recipes train again: deterministic, same weights
     tok = load_tokenizer(ckpt.tokenizer_path)
     ids = encode(tok, tokenizer_info(ckpt.path, ckpt.config, tok), PROMPT)
     return str(tok.decode(greedy(eager_stepper(module), ids, steps).tokens))
@@ -51,7 +50,14 @@ def test_artifact_folder_is_complete(built: dict[str, Path], name: str) -> None:
     model_file = m["artifact"]["file"]
     assert model_file == ("model.pt2" if m["recipe"]["resolved"]["backend"] == "aoti" else "model.pte")
     assert sorted(p.name for p in folder.iterdir()) == sorted(["manifest.json", model_file, "tokenizer.json"])
-    assert m["schema_version"] == 2 and m["recipe"]["name"] == name
+    assert m["schema_version"] == 3 and m["recipe"]["name"] == name
+    # every linear and embedding weight's precision is recorded; tuned recipes say how
+    precision = m["quantization"]["precision"]
+    assert precision["by_tensor"]["layers.0.attention.wq.weight"]
+    assert sum(v["tensors"] for v in precision["summary"].values()) == len(precision["by_tensor"])
+    if m["recipe"]["resolved"]["quantization"]["qat"] is not None:
+        tuning = m["quantization"]["tuning"]
+        assert tuning["qat"]["steps"] > 0 and tuning["calibration_text"]["source"] == "shipped:calibration"
     vs_eager = m["validation"]["vs_eager"]
     assert m["validation"]["passed"] and vs_eager["steps"] >= 32 and vs_eager["mismatches_not_at_ties"] == 0
     for prompt in vs_eager["prompts"]:

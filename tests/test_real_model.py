@@ -111,21 +111,30 @@ def test_server_pt2_chats(smollm2: tuple[Path, Path], real_artifacts: Path) -> N
     assert "Paris" in result.text and result.stopped_at_eos, result
 
 
-def test_android_build_is_honest_about_int4(smollm2: tuple[Path, Path], real_artifacts: Path) -> None:
-    """The int4 device recipe on a model whose weights already sit on a 4-bit grid: the artifact
-    must match the eager quantized model it came from; whether int4 keeps fp32's quality is what
-    the gate reports, and a build that misses it leaves its figures in ``.failed.json``."""
+def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_artifacts: Path) -> None:
+    """The device recipe on a model whose weights already sit on a 4-bit grid (untuned int4 g32:
+    perplexity x1.55 on the gate's text). The measured plan raises linears to int8 within its
+    size budget and QAT distills the rest; CI trains 30 of the recipe's 100 steps to stay short,
+    so this asserts a clear gain and an honest artifact, and the recipe's own figures (100 steps)
+    are measured by ``exporter eval`` (README)."""
+    steps = ("quantization.qat.steps=30",)
     try:
-        folder = build("android-arm64", checkpoint=smollm2[0], out=real_artifacts)
+        folder = build("android-arm64", checkpoint=smollm2[0], out=real_artifacts, overrides=steps)
     except ValidationError as e:
         record = json.loads(Path(e.path or "").read_text())
         assert e.path == failed_path(real_artifacts / smollm2[0].name / "android-arm64")
-        figures = record["validation"]
     else:
-        figures = json.loads((folder / "manifest.json").read_text())["validation"]
+        record = json.loads((folder / "manifest.json").read_text())
+    figures, tuning = record["validation"], record["quantization"]["tuning"]
     vs_eager = figures["vs_eager"]
     assert vs_eager["finite"] and figures["vs_fp32"]["artifact_finite"]
-    # The runtime adds a small fraction of what int4 itself costs (measured: 4%); which greedy
-    # tokens flip below the recipe's tie margin depends on the CPU's kernels, so it is reported.
-    assert vs_eager["heldout_kl_share_of_quantization"] < 0.1
+    # the runtime adds a small fraction of what quantization itself costs
+    assert vs_eager["heldout_kl_share_of_quantization"] < 0.25
     assert figures["passed"] == (not figures["failures"])
+    mixed = tuning["mixed"]
+    assert mixed["raised"] > 0 and 1.0 < mixed["size_ratio_to_base"] <= 1.18
+    assert tuning["qat"]["steps"] == 30 and tuning["qat"]["kl_last_tenth"] < tuning["qat"]["kl_first_tenth"]
+    summary = record["quantization"]["precision"]["summary"]
+    assert any(label.startswith("int8 per-channel") for label in summary)
+    # untuned int4 g32 (HQQ) measured x1.55 here; tuned with 30 steps well below
+    assert figures["vs_fp32"]["perplexity_ratio"] < 1.25, figures["vs_fp32"]
