@@ -250,6 +250,15 @@ class Transformer(nn.Module):
             if module is not self and callable(init):
                 init()
 
+    def resize_cache(self, max_seq_len: int) -> None:
+        """Give the KV caches and RoPE tables ``max_seq_len`` positions (fresh, empty). Tuning
+        trains on windows that may be longer than the exported cache."""
+        self.max_seq_len = max_seq_len
+        for module in self.modules():
+            if isinstance(module, KVCache):
+                module.max_seq_len = max_seq_len
+        self.init_buffers()
+
     def hidden(
         self, tokens: torch.Tensor, input_pos: torch.Tensor, embedded: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -52,6 +52,15 @@ def needs_whole_model(recipe: Recipe) -> bool:
     return recipe.quantization.mixed is not None or recipe.quantization.qat is not None
 
 
+def tuning_window(recipe: Recipe) -> int:
+    """The longest window of text the tuning runs through the model at once."""
+    quant = recipe.quantization
+    return max(
+        quant.mixed.window_tokens if quant.mixed is not None else 0,
+        quant.qat.window_tokens if quant.qat is not None else 0,
+    )
+
+
 def tuned_module(
     ckpt: Checkpoint,
     recipe: Recipe,
@@ -63,7 +72,9 @@ def tuned_module(
     quant = recipe.quantization
     base = quant.linear
     assert base is not None  # the recipe checks that mixed/qat come with a linear scheme
-    model = load_model(ckpt, recipe.export.max_seq_len)
+    # Tuning windows may be longer than the exported cache: tune with room for them, export with
+    # the recipe's own length.
+    model = load_model(ckpt, max(recipe.export.max_seq_len, tuning_window(recipe)))
     reference = Reference(list(gate_ids), full_logits(model, gate_ids))
     untie_embeddings(model)
     record: dict[str, Any] = {}
@@ -82,6 +93,7 @@ def tuned_module(
         )
     else:
         quantize_linears(model, base, plan=plan)
+    model.resize_cache(recipe.export.max_seq_len)
     dtype = DTYPES[recipe.export.dtype]
     with torch.no_grad():
         if quant.embedding is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ from exporter.checkpoint import load_model, open_checkpoint
 from exporter.mixed import choose_precisions, fisher_diagonal, linears, raise_order, windows
 from exporter.quantize import quantize_linears, untie_embeddings
 from exporter.recipe import LinearQuant, MixedPrecision
+from exporter.validate import mean_kl
 
 G32 = LinearQuant("8da4w", 32, "affine")
 HQQ = LinearQuant("8da4w", 32, "hqq_scale_only")
@@ -55,20 +57,31 @@ def test_fisher_is_seeded_and_leaves_the_model_as_it_was(tiny_checkpoint: Path) 
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 
-def test_plan_spends_no_more_than_its_size_budget_and_improves_calibration(tiny_checkpoint: Path) -> None:
+def _kl_to_fp32(model: nn.Module, fp32: nn.Module, ids: list[int]) -> float:
+    with torch.no_grad():
+        tokens, pos = torch.tensor([ids]), torch.tensor([0])
+        return mean_kl(fp32(tokens, pos)[0], model(tokens, pos)[0])
+
+
+def test_plan_spends_no_more_than_its_size_budget_and_brings_the_model_closer(tiny_checkpoint: Path) -> None:
     model = _model(tiny_checkpoint)
     mixed = MixedPrecision(candidates=(I8,), max_size_ratio=1.3, windows=2, window_tokens=32)
     plan = choose_precisions(model, G32, mixed, _ids(200))
     assert set(plan.precision) == set(linears(model))
     assert plan.record["raised"] > 0
     assert 1.0 < plan.record["size_ratio_to_base"] <= 1.3
-    checks = plan.record["calibration_perplexity_ratio"]
-    assert checks[str(plan.record["raised"])] < checks["0"]
+    assert {"0", str(plan.record["raised"])} <= set(plan.record["calibration_perplexity_ratio"])
     # the model is handed back in fp32, and the plan quantizes it through torchao
     assert all(type(m.weight) is nn.Parameter for m in linears(model).values())
+    fp32, base = copy.deepcopy(model), copy.deepcopy(model)
     quantize_linears(model, G32, plan=plan.precision)
+    quantize_linears(base, G32)
     raised = [n for n, q in plan.precision.items() if q != G32]
     assert raised and all(type(linears(model)[n].weight).__module__.startswith("torchao") for n in raised)
+    # Judged by KL to fp32 on text the plan did not see, not by perplexity: on random weights a
+    # perplexity ratio moves by noise either way (1.0045 vs 1.0043 has happened), KL does not.
+    held_out = _ids(400)[300:364]
+    assert _kl_to_fp32(model, fp32, held_out) < 0.8 * _kl_to_fp32(base, fp32, held_out)
 
 
 def test_plan_raises_nothing_when_the_base_meets_the_target(tiny_checkpoint: Path) -> None:

@@ -15,6 +15,7 @@ from exporter.checkpoint import load_model, open_checkpoint
 from exporter.pipeline import export_program, prepare_module
 from exporter.recipe import load_recipe
 from exporter.runtime import eager_stepper, follow, greedy, native_logs_captured
+from exporter.validate import top2_margin
 
 # Everything else (every matmul in particular) must run inside the XNNPACK delegate.
 ALLOWED_OUTSIDE = {
@@ -79,9 +80,14 @@ def test_runtime_matches_eager(lowered) -> None:  # type: ignore[no-untyped-def]
     eager = greedy(eager_stepper(module), prompt, 32)
     with native_logs_captured():
         got = follow(backend.load(result.path), prompt, eager.tokens)
-    assert got.argmax(-1).tolist() == eager.tokens
     tol = 1e-3 if recipe.quantization.linear is None else 0.1
     assert (got - eager.logits).abs().max().item() < tol
+    # Within tol of eager everywhere, the argmax can differ only where eager's own top-2 margin is
+    # below 2 * tol (random weights have such near-ties; XNNPACK's int8 activation rounding is not
+    # torchao's to the last bit): anywhere else a differing token is a real divergence.
+    flipped = (got.argmax(-1) != torch.tensor(eager.tokens)).nonzero().flatten()
+    assert bool((top2_margin(eager.logits)[flipped] < 2 * tol).all()), flipped.tolist()
+    assert len(flipped) <= 2
 
 
 def test_dynamic_prompt_length(lowered) -> None:  # type: ignore[no-untyped-def]
