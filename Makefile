@@ -7,7 +7,7 @@ MODEL  ?=
 OUT    ?= artifacts
 BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
 
-.PHONY: export android ios linux-arm64 reference server bench bench-peer test test-fast lint clean
+.PHONY: export android ios linux-arm64 reference server bench bench-peer sweep test test-fast lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,12 +41,21 @@ bench: $(VENV)/.installed
 	$(BIN)/exporter bench $(wildcard $(OUT)/$(notdir $(or $(MODEL),pycode-4m))/*/) \
 	    $(if $(MODEL),--checkpoint $(MODEL)) --export android-arm64 --out $(OUT)/bench
 
-# Race ExecuTorch's own export_llm on the same checkpoint (SHAPES="smollm2-135m llama-3.2-1b" adds
-# random-weight checkpoints of those shapes; each takes many minutes on 2 cores).
+# Race ExecuTorch's own export_llm on the same checkpoint, with RECIPE's settings (default
+# android-arm64); both sides are exported afresh every time. SHAPES="smollm2-135m llama-3.2-1b" adds
+# random-weight checkpoints of those shapes (no perplexity; each takes many minutes on 2 cores).
 SHAPES ?=
+RECIPE ?=
 bench-peer: $(VENV)/.installed
-	$(BIN)/python -m exporter.peer $(if $(MODEL),--checkpoint $(MODEL)) \
+	$(BIN)/python -m exporter.peer $(if $(MODEL),--checkpoint $(MODEL)) $(if $(RECIPE),--recipe $(RECIPE)) \
 	    $(foreach s,$(SHAPES),--shape $(s)) --out $(OUT)/bench/peer
+
+# Perplexity ratio to fp32 (prose, code) against file size of MODEL's built artifacts, plus the peer
+# race's export_llm program when PEER names its peer.json (default: the last bench-peer's, if any).
+PEER ?= $(wildcard $(OUT)/bench/peer/peer.json)
+sweep: $(VENV)/.installed
+	$(BIN)/exporter sweep $(wildcard $(OUT)/$(notdir $(or $(MODEL),pycode-4m))/*/) \
+	    $(if $(MODEL),--checkpoint $(MODEL)) $(if $(PEER),--peer $(PEER)) --out $(OUT)/bench/sweep
 
 # Everything, slow end-to-end builds included.
 test: $(VENV)/.installed

@@ -191,6 +191,36 @@ def bench_cmd(
     click.echo("wrote " + ", ".join(map(str, paths)), err=True)
 
 
+@main.command(name="sweep")
+@click.argument("artifact_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--peer",
+    "peer_json",
+    type=click.Path(path_type=Path),
+    help="peer.json of `make bench-peer`: adds ExecuTorch export_llm's program of the same checkpoint.",
+)
+@click.option(
+    "--checkpoint",
+    type=click.Path(path_type=Path),
+    help="Checkpoint the artifacts were built from, to score texts they lack (default: shipped model).",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), required=True, help="Folder for sweep.json and sweep.png."
+)
+def sweep_cmd(
+    artifact_dirs: tuple[Path, ...], peer_json: Path | None, checkpoint: Path | None, out: Path
+) -> None:
+    """Perplexity ratio to fp32 (prose, code) against model file size, one point per artifact of one
+    checkpoint; texts an artifact was not evaluated on are scored as `exporter eval --text` does."""
+    from .sweep import markdown, sweep, write_sweep
+
+    _hush_unless_debug()
+    report = sweep(list(artifact_dirs), peer_json, checkpoint)
+    paths = write_sweep(report, out)
+    click.echo(markdown(report))
+    click.echo("wrote " + ", ".join(map(str, paths)), err=True)
+
+
 @main.command()
 def recipes() -> None:
     """List the shipped recipes."""

@@ -1,18 +1,24 @@
 """The peer race (``make bench-peer``): ExecuTorch's own LLM export flow (``export_llm``, shipped in the
-executorch wheel) against ours, on the same checkpoint with equivalent settings (8-bit dynamic
-activations, int4 group-32 weights, XNNPACK, KV cache, custom SDPA, max_seq_len 512).
+executorch wheel) against ours, on the same checkpoint with the settings of the recipe we race
+(``--recipe``, default android-arm64): its linear scheme, group size and scale algorithm, its
+embedding quantization and its max sequence length, XNNPACK, KV cache, custom SDPA. What the peer has
+no counterpart for (mixed precision, QAT) is part of what ours is raced with.
 
-Reports export wall time and peak RSS (``/usr/bin/time -v``), ``.pte`` size, prefill and decode
-tokens/s through ``TextLLMRunner`` and teacher-forced perplexity, with ratios ours / peer.
-``--shape`` makes a random-weight Hugging Face checkpoint of a larger published shape first.
-Dev tool: needs the ``dev`` extra (transformers) for ``--shape``.
+Both sides are exported afresh in every run, each under ``/usr/bin/time -v``: export wall time and
+peak RSS, ``.pte`` size, prefill and decode tokens/s through ``TextLLMRunner``, and for a real
+checkpoint the perplexity ratio to the fp32 eager model on the shipped held-out texts "prose" and
+"code"; ratios ours / peer. ``--shape`` makes a random-weight Hugging Face checkpoint of a larger
+published shape first; for those only time, memory, size and speed are reported (perplexity of random
+weights means nothing). Dev tool: needs the ``dev`` extra (transformers) for ``--shape``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,9 +28,16 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_model, open_checkpoint
+from .checkpoint import Checkpoint, digest_files, load_model, open_checkpoint
+from .errors import ExporterError
 from .gate_inputs import HELDOUT
+from .gate_inputs import text_path as gate_text
+from .model import ModelArgs
 from .pipeline import DEFAULT_CHECKPOINT
+from .recipe import Recipe, load_recipe
+from .sweep import QUALITY_TEXTS, perplexity_key
+
+DEFAULT_RECIPE = "android-arm64"
 
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": {
@@ -80,6 +93,49 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.view(n_heads, 2, out_dim // n_heads // 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
 
 
+# executorch 1.5.1's Llama-3 frequency scaling (examples/models/llama/rope.py, ``apply_scaling``)
+# reads ``rope_scale_factor`` and ``high_freq_factor`` from params.json but hard-codes
+# ``low_freq_factor = 1`` and the original context length 8192 (its ModelArgs'
+# ``original_max_position_embeddings`` feeds only the Hugging Face / LongRoPE path). A checkpoint
+# with other values would give the peer a different model, so it is refused rather than raced.
+PEER_FIXED_ROPE = {"low_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+
+
+def _number(x: float) -> int | float:
+    """executorch types the rope factors ``int``; a whole factor is written as one."""
+    return int(x) if float(x).is_integer() else x
+
+
+def params_json(args: ModelArgs) -> dict[str, Any]:
+    """The Meta ``params.json`` executorch's ModelArgs reads for ``args`` (no ``max_seq_len``: the
+    export sets it). Without ``rope_scale_factor`` a scaled checkpoint would get executorch's
+    default 8 whatever its own factor (Llama-3.2-1B's is 32)."""
+    params: dict[str, Any] = {
+        "dim": args.dim,
+        "n_layers": args.n_layers,
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "hidden_dim": args.hidden_dim,
+        "norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "use_scaled_rope": args.rope_scaling is not None,
+    }
+    if args.attention_bias or args.qk_norm:
+        raise ValueError("the peer's Llama model has no attention bias or q/k norm")
+    s = args.rope_scaling
+    if s is None:
+        return params
+    for key, fixed in PEER_FIXED_ROPE.items():
+        if getattr(s, key) != fixed:
+            raise ValueError(f"rope_scaling.{key}={getattr(s, key)}: executorch hard-codes {fixed}")
+    return params | {
+        "rope_scale_factor": _number(s.factor),
+        "high_freq_factor": _number(s.high_freq_factor),
+    }
+
+
 def write_meta_checkpoint(checkpoint: Path, out: Path) -> tuple[Path, Path]:
     """The peer reads Meta-format checkpoints: our parameter names are Meta's already."""
     ckpt = open_checkpoint(checkpoint)
@@ -96,21 +152,7 @@ def write_meta_checkpoint(checkpoint: Path, out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     pth, params = out / "consolidated.pth", out / "params.json"
     torch.save(state, pth)
-    params.write_text(
-        json.dumps(
-            {
-                "dim": a.dim,
-                "n_layers": a.n_layers,
-                "n_heads": a.n_heads,
-                "n_kv_heads": a.n_kv_heads,
-                "vocab_size": a.vocab_size,
-                "hidden_dim": a.hidden_dim,
-                "norm_eps": a.norm_eps,
-                "rope_theta": a.rope_theta,
-                "use_scaled_rope": a.rope_scaling is not None,
-            }
-        )
-    )
+    params.write_text(json.dumps(params_json(a)))
     return pth, params
 
 
@@ -125,36 +167,76 @@ def run_timed(cmd: list[str], cwd: Path | None = None) -> dict[str, Any]:
     return {"wall_s": wall, "peak_rss_mb": int(m.group(1)) / 1024, "stdout": proc.stdout}
 
 
-def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    cmd = [
+# our export.dtype -> export_llm's model.dtype_override
+PEER_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def peer_settings(recipe: Recipe) -> list[str]:
+    """export_llm's model and quantization options equivalent to ``recipe`` (ValueError where it has
+    none). Hydra reads a comma as a list separator: the embedding setting is quoted."""
+    linear, emb = recipe.quantization.linear, recipe.quantization.embedding
+    if recipe.backend != "xnnpack":
+        raise ValueError(f"recipe {recipe.name!r}: the peer exports XNNPACK programs only")
+    if linear is not None and linear.scheme != "8da4w":
+        raise ValueError(f"recipe {recipe.name!r}: the peer has no {linear.scheme} linears (only 8da4w)")
+    seq = recipe.export.max_seq_len
+    settings = [
+        "model.use_kv_cache=True",
+        f"model.use_sdpa_with_kv_cache={recipe.export.custom_sdpa}",
+        "model.enable_dynamic_shape=True",
+        f"model.dtype_override={PEER_DTYPES[recipe.export.dtype]}",
+        "backend.xnnpack.enabled=True",
+        f"export.max_seq_length={seq}",
+        f"export.max_context_length={seq}",
+        # One switch for linears and embedding alike (its default is HQQ); our embedding always
+        # takes affine scales.
+        f"quantization.use_hqq={linear is not None and linear.scale_algorithm == 'hqq_scale_only'}",
+    ]
+    if linear is not None:
+        settings += ["quantization.qmode=8da4w", f"quantization.group_size={linear.group_size}"]
+    if emb is not None:
+        settings.append(f"quantization.embedding_quantize='{emb.bits},{emb.group_size}'")
+    return settings
+
+
+def peer_label(recipe: Recipe) -> str:
+    """What the peer's program holds, in the words of the sweep chart."""
+    linear, emb = recipe.quantization.linear, recipe.quantization.embedding
+    parts = ["fp32 linears" if linear is None else linear.label()]
+    parts.append("fp32 embedding" if emb is None else f"embedding int{emb.bits} g{emb.group_size}")
+    return "export_llm " + ", ".join(parts)
+
+
+def peer_command(pth: Path, params: Path, out: Path, meta: dict[str, Any], recipe: Recipe) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "executorch.extension.llm.export.export_llm",
+        # llama3 (its default, pinned): for any model class but llama3 and llama3_1 export_llm
+        # replaces the params.json rope_scale_factor by 32
+        "base.model_class=llama3",
         f"base.checkpoint={pth}",
         f"base.params={params}",
         f"base.metadata='{json.dumps(meta)}'",
-        "model.use_kv_cache=True",
-        "model.use_sdpa_with_kv_cache=True",
-        "model.enable_dynamic_shape=True",
-        "backend.xnnpack.enabled=True",
-        "quantization.qmode=8da4w",
-        "quantization.group_size=32",
-        "export.max_seq_length=512",
-        "export.max_context_length=512",
+        *peer_settings(recipe),
         f"export.output_dir={out}",
         f"export.output_name={out / 'model.pte'}",
     ]
-    done = out / "export.json"
-    if done.is_file() and (out / "model.pte").is_file():
-        # The peer's figures do not depend on our code: a finished peer export in the same work
-        # folder is reused (delete the folder to measure it again).
-        return {**json.loads(done.read_text()), "pte": out / "model.pte", "reused": True}
-    out.mkdir(parents=True, exist_ok=True)
+
+
+def fresh_folder(folder: Path) -> Path:
+    """An empty ``folder``: a program left by an earlier run must never be measured as this one's."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
+    cmd = peer_command(pth, params, fresh_folder(out), meta, recipe)
     result = run_timed(cmd, cwd=out)  # hydra writes its outputs/ folder into the working directory
     if not (out / "model.pte").is_file():
         raise RuntimeError(f"export_llm finished but wrote no {out / 'model.pte'}")
     result.pop("stdout")
-    done.write_text(json.dumps(result))
     return {**result, "pte": out / "model.pte"}
 
 
@@ -168,10 +250,10 @@ RANDOM_WEIGHT_GATE = (
 )
 
 
-def our_export(checkpoint: Path, out: Path, random_weights: bool = False) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "exporter", "--quiet", "build", "android-arm64"]
-    cmd += ["--checkpoint", str(checkpoint), "--out", str(out)]
-    for item in RANDOM_WEIGHT_GATE if random_weights else ():
+def our_export(checkpoint: Path, out: Path, recipe: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "exporter", "--quiet", "build", recipe]
+    cmd += ["--checkpoint", str(checkpoint), "--out", str(fresh_folder(out))]
+    for item in overrides:
         cmd += ["--set", item]
     result = run_timed(cmd)
     folder = Path(result["stdout"].strip().splitlines()[-1])
@@ -218,8 +300,6 @@ def runner_speeds(
 
 
 def perplexity(pte: Path, ids: list[int]) -> float:
-    import math
-
     import torch.nn.functional as F
 
     from .runtime import load_pte, native_logs_captured, score
@@ -229,80 +309,149 @@ def perplexity(pte: Path, ids: list[int]) -> float:
     return math.exp(F.cross_entropy(logits, torch.tensor(ids[1:])).item())
 
 
-def race(
-    checkpoint: Path, work: Path, repeats: int, random_weights: bool = False, peer_only: bool = False
-) -> dict[str, Any]:
-    from .tokenizer import encode, load_tokenizer, tokenizer_info
+def text_ids(text: str, ckpt: Checkpoint, tok: Any, max_seq_len: int) -> list[int]:
+    """A shipped text's tokens as ``exporter eval`` scores them by default: the whole cache."""
+    from .tokenizer import encode, tokenizer_info
+
+    path, _ = gate_text(text, ckpt.path)
+    return encode(tok, tokenizer_info(ckpt.path, ckpt.config, tok), path.read_text(encoding="utf-8"))[
+        :max_seq_len
+    ]
+
+
+def quality(
+    ckpt: Checkpoint, tok: Any, ptes: dict[str, Path], max_seq_len: int
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """fp32 eager perplexity per text, and each program's perplexity ratio to it per text."""
     from .validate import fp32_reference, perplexity_of
 
+    model = load_model(ckpt, max_seq_len)
+    fp32: dict[str, float] = {}
+    ratios: dict[str, dict[str, float]] = {name: {} for name in ptes}
+    for text in QUALITY_TEXTS:
+        ids = text_ids(text, ckpt, tok, max_seq_len)
+        fp32[text] = perplexity_of(fp32_reference(model, ids))
+        for name, pte in ptes.items():
+            ratios[name][perplexity_key(text)] = perplexity(pte, ids) / fp32[text]
+    return fp32, ratios
+
+
+def race(
+    checkpoint: Path,
+    work: Path,
+    recipe_name: str,
+    repeats: int,
+    random_weights: bool = False,
+    peer_only: bool = False,
+) -> dict[str, Any]:
+    from .tokenizer import encode, load_tokenizer, tokenizer_info
+
+    overrides = RANDOM_WEIGHT_GATE if random_weights else ()
+    recipe = load_recipe(recipe_name, overrides)  # the very settings our build resolves
     ckpt = open_checkpoint(checkpoint)
     tok = load_tokenizer(ckpt.tokenizer_path)
     info = tokenizer_info(ckpt.path, ckpt.config, tok)
     ids = encode(tok, info, (DEFAULT_CHECKPOINT / HELDOUT).read_text(encoding="utf-8"))[:256]
     prompt = str(tok.decode(ids[1:129]))
-    pth, params = work / "meta" / "consolidated.pth", work / "meta" / "params.json"
-    if not (work / "peer" / "export.json").is_file():
-        pth, params = write_meta_checkpoint(checkpoint, work / "meta")
+    pth, params = write_meta_checkpoint(checkpoint, work / "meta")
     meta = {"get_bos_id": info.bos_id, "get_eos_ids": list(info.eos_ids)}
-    peer = peer_export(pth, params, work / "peer", meta)
+    peer = peer_export(pth, params, work / "peer", meta, recipe)
+    described = {
+        "checkpoint": str(checkpoint),
+        # as the manifest's model.checkpoint_sha256, so `exporter sweep` finds the race of its artifacts
+        "checkpoint_sha256": digest_files(
+            [ckpt.path / "config.json", *ckpt.weight_files, ckpt.tokenizer_path]
+        ),
+        "recipe": recipe.name,
+        "random_weights": random_weights,
+        "peer_label": peer_label(recipe),
+        "peer_settings": peer_settings(recipe),
+    }
     if peer_only:
-        return {"checkpoint": str(checkpoint), "peer_export": {k: str(v) for k, v in peer.items()}}
-    ours = our_export(checkpoint, work / "ours", random_weights)
-    fp32_ppl = perplexity_of(fp32_reference(load_model(ckpt, 512), ids))
+        return {**described, "peer_export": {k: str(v) for k, v in peer.items()}}
+    ours = our_export(checkpoint, work / "ours", recipe_name, overrides)
     rows: dict[str, dict[str, Any]] = {}
     speeds = runner_speeds({"ours": ours["pte"], "peer": peer["pte"]}, ckpt.tokenizer_path, prompt, repeats)
     for name, r in (("ours", ours), ("peer", peer)):
-        speed = speeds[name]
         rows[name] = {
             "export_wall_s": r["wall_s"],
             "export_peak_rss_mb": r["peak_rss_mb"],
             "pte_mb": r["pte"].stat().st_size / 1e6,
-            **speed,
-            "perplexity": perplexity(r["pte"], ids),
+            **speeds[name],
         }
-    ratios = {k: rows["ours"][k] / rows["peer"][k] for k in rows["ours"] if k != "prompt_tokens"}
+    fp32: dict[str, float] = {}
+    if not random_weights:
+        fp32, ratios = quality(
+            ckpt, tok, {"ours": ours["pte"], "peer": peer["pte"]}, recipe.export.max_seq_len
+        )
+        for name in rows:
+            rows[name] |= ratios[name]
     return {
-        "checkpoint": str(checkpoint),
+        **described,
         "parameters": ckpt.args.parameter_count(),
-        "fp32_perplexity": fp32_ppl,
+        **({"fp32_perplexity": fp32} if fp32 else {}),
         "ours": rows["ours"],
         "peer": rows["peer"],
-        "ours_over_peer": ratios,
+        "ours_over_peer": {
+            k: rows["ours"][k] / rows["peer"][k] for k in rows["ours"] if k != "prompt_tokens"
+        },
         "our_stages": ours["stages"],
     }
 
 
+MARKDOWN_KEYS = (
+    "export_wall_s",
+    "export_peak_rss_mb",
+    "pte_mb",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    *(perplexity_key(t) for t in QUALITY_TEXTS),
+)
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}"
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
-    keys = [
-        "export_wall_s",
-        "export_peak_rss_mb",
-        "pte_mb",
-        "prefill_tokens_per_s",
-        "decode_tokens_per_s",
-        "perplexity",
-    ]
+    keys = MARKDOWN_KEYS
     lines = ["| model | params | who | " + " | ".join(keys) + " |", "|---" * (len(keys) + 3) + "|"]
+    notes: list[str] = []
     for r in results:
         name = Path(r["checkpoint"]).name
         for who in ("ours", "peer", "ours_over_peer"):
-            cells = " | ".join(f"{r[who][k]:.3g}" for k in keys)
+            cells = " | ".join(_cell(r[who].get(k)) for k in keys)
             lines.append(f"| {name} | {r['parameters'] / 1e6:.1f} M | {who} | {cells} |")
-        lines.append(f"| {name} | | fp32 eager perplexity | {r['fp32_perplexity']:.4g} |" + " |" * 5)
-    return "\n".join(lines) + "\n"
+        fp32 = r.get("fp32_perplexity")
+        if fp32:
+            notes.append(
+                f"{name}: fp32 eager perplexity " + ", ".join(f"{t} {p:.4g}" for t, p in fp32.items())
+            )
+        else:
+            notes.append(f"{name}: random weights, perplexity not reported")
+    return "\n".join([*lines, "", *(f"- {n}" for n in notes)]) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    ap.add_argument("--recipe", default=DEFAULT_RECIPE, help="recipe we race (its settings go to the peer)")
     ap.add_argument("--shape", choices=sorted(SHAPES), action="append", default=[])
     ap.add_argument("--out", type=Path, default=Path("artifacts/bench/peer"))
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--peer-only", action="store_true", help="run (and keep) the peer exports only")
+    ap.add_argument("--peer-only", action="store_true", help="run the peer exports only")
     ap.add_argument("--skip-default", action="store_true", help="race the --shape models only")
     a = ap.parse_args()
+    try:
+        peer_settings(load_recipe(a.recipe))  # refuse a recipe the peer cannot match before any work
+    except (ValueError, ExporterError) as e:
+        ap.error(str(e))
     shapes = [make_shape(s, a.out / "checkpoints" / s) for s in a.shape]
     checkpoints = shapes if a.skip_default else [a.checkpoint, *shapes]
-    results = [race(c, a.out / Path(c).name, a.repeats, c != a.checkpoint, a.peer_only) for c in checkpoints]
+    results = [
+        race(c, a.out / Path(c).name, a.recipe, a.repeats, c != a.checkpoint, a.peer_only)
+        for c in checkpoints
+    ]
     if a.peer_only:
         print(json.dumps(results, indent=2))
         return
