@@ -208,6 +208,8 @@ def peer_label(recipe: Recipe) -> str:
 
 
 def peer_command(pth: Path, params: Path, out: Path, meta: dict[str, Any], recipe: Recipe) -> list[str]:
+    # absolute: export_llm runs in ``out`` (hydra writes its outputs/ folder into the working directory)
+    pth, params, out = pth.resolve(), params.resolve(), out.resolve()
     return [
         sys.executable,
         "-m",

@@ -81,7 +81,9 @@ def test_peer_command_takes_the_recipe_settings() -> None:
     assert values["quantization.qmode"] == "8da4w" and values["quantization.group_size"] == 32
     assert values["quantization.use_hqq"] is False  # the recipe's affine scales, not the peer's HQQ
     assert values["base.model_class"] == "llama3"  # keeps params.json's rope_scale_factor
-    assert values["export.output_name"] == str(Path("work/peer/model.pte"))
+    # absolute: export_llm runs inside its output folder
+    assert values["export.output_name"] == str(Path("work/peer/model.pte").resolve())
+    assert values["base.checkpoint"] == str(Path("m.pth").resolve())
 
 
 def test_peer_command_follows_overrides() -> None:
