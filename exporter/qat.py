@@ -29,6 +29,7 @@ from .model import Transformer
 from .progress import progress
 from .quantize import linear_config
 from .recipe import LinearQuant, QuantizationAwareTraining
+from .threads import fixed_threads
 
 log = logging.getLogger("exporter")
 
@@ -93,10 +94,8 @@ def distill(
     """Train ``model`` (fp32, untied, every linear in ``plan``) in place and convert it; returns
     what the manifest records of the training."""
     teacher = copy.deepcopy(model)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(qat.threads)
     start = time.perf_counter()
-    try:
+    with fixed_threads(qat.threads):
         prepare(model, plan)
         for p in model.parameters():
             p.requires_grad_(False)
@@ -123,8 +122,6 @@ def distill(
             p.requires_grad_(False)
         model.init_buffers()
         convert(model, plan)
-    finally:
-        torch.set_num_threads(threads)
     seconds = time.perf_counter() - start
     first, last = losses[: max(1, len(losses) // 10)], losses[-max(1, len(losses) // 10) :]
     return {

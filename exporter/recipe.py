@@ -110,6 +110,8 @@ class MixedPrecision:
     windows: int = 8
     window_tokens: int = 128
     seed: int = 0
+    # fixed, as for QAT: the Fisher sums and the measured cut depend on the thread count
+    threads: int = 2
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -121,6 +123,7 @@ class MixedPrecision:
         _one_of("text", self.text, TRAINING_TEXTS)
         _positive("windows", self.windows)
         _positive("window_tokens", self.window_tokens)
+        _positive("threads", self.threads)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .mixed import choose_precisions, linears
 from .quantize import quantize_embedding, quantize_linears, untie_embeddings
 from .recipe import LinearQuant, Recipe
 from .stream import DTYPES
+from .threads import fixed_threads
 from .tokenizer import encode
 from .transforms import LastTokenLogits, for_export
 from .validate import Reference, full_logits
@@ -81,9 +82,14 @@ def tuned_module(
     plan: dict[str, LinearQuant] = dict.fromkeys(linears(model), base)
     if quant.mixed is not None:
         start = time.perf_counter()
-        chosen = choose_precisions(model, base, quant.mixed, calibration)
+        with fixed_threads(quant.mixed.threads):
+            chosen = choose_precisions(model, base, quant.mixed, calibration)
         plan = chosen.precision
-        record["mixed"] = {**chosen.record, "seconds": round(time.perf_counter() - start, 1)}
+        record["mixed"] = {
+            **chosen.record,
+            "threads": quant.mixed.threads,
+            "seconds": round(time.perf_counter() - start, 1),
+        }
     if quant.qat is not None:
         from .qat import distill
 
