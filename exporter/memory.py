@@ -28,3 +28,14 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim this way
         ctypes.CDLL(None).malloc_trim(0)
+
+
+def available_memory_bytes() -> int | None:
+    """What the kernel says can be allocated without swapping (MemAvailable), or None off Linux."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

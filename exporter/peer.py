@@ -245,10 +245,14 @@ def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any], recipe
 # Random weights have near-uniform next-token distributions, so quality against fp32 means nothing
 # for them; the gate still runs (its cost is part of ours) and still holds the artifact to the
 # eager model it came from (greedy tokens, logit error, KL), only the fp32-quality bounds are off.
+# Tuning on the model (mixed precision, QAT) has no quality to keep there either: shapes race the
+# recipe's untuned, streamed build, the cost the peer's flow is compared with.
 RANDOM_WEIGHT_GATE = (
     "validation.min_top1_agreement=1e-9",
     "validation.max_perplexity_ratio=1e9",
     "validation.eval_tokens=64",
+    "quantization.mixed=false",
+    "quantization.qat=false",
 )
 
 

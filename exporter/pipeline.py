@@ -26,7 +26,7 @@ from .checkpoint import Checkpoint, check_finite, digest_files, load_model, open
 from .errors import ArtifactError, CheckpointError, ExporterError, ValidationError
 from .gate_inputs import GateInputs, gate_inputs
 from .manifest import kernel_libraries, tool_versions, write_json_atomically, write_manifest
-from .memory import peak_rss_mb, release_memory
+from .memory import available_memory_bytes, peak_rss_mb, release_memory
 from .model import Transformer
 from .quantize import precision_map, quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
@@ -34,7 +34,7 @@ from .runtime import native_logs_captured
 from .stream import DTYPES, stream_module
 from .tokenizer import TokenizerInfo, load_tokenizer, tokenizer_info
 from .transforms import for_export
-from .tune import calibration_ids, needs_whole_model, tuned_module
+from .tune import calibration_ids, check_tuning_memory, needs_whole_model, tuned_module
 from .validate import model_teacher, validate
 
 log = logging.getLogger("exporter")
@@ -76,6 +76,7 @@ def prepare(
     recipe_file = recipe_path(recipe_arg)
     ckpt = open_checkpoint(checkpoint or DEFAULT_CHECKPOINT)
     check_fits(recipe, ckpt.args, recipe_file)
+    check_tuning_memory(recipe, ckpt.args, recipe_file, available_memory_bytes())
     tokenizer = load_tokenizer(ckpt.tokenizer_path)
     info = tokenizer_info(ckpt.path, ckpt.config, tokenizer)
     if info.vocab_size > ckpt.args.vocab_size:

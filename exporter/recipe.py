@@ -325,6 +325,10 @@ def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise RecipeError(path, f"--set {key}: {part!r} is not a table")
+    if value is False and isinstance(node.get(leaf), dict):
+        # an optional table is switched off: --set quantization.qat=false
+        del node[leaf]
+        return
     node[leaf] = value
 
 

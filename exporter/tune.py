@@ -22,6 +22,7 @@ from .checkpoint import Checkpoint, load_model
 from .errors import RecipeError
 from .gate_inputs import TEXTS
 from .mixed import choose_precisions, linears
+from .model import ModelArgs
 from .quantize import quantize_embedding, quantize_linears, untie_embeddings
 from .recipe import LinearQuant, Recipe
 from .stream import DTYPES
@@ -47,6 +48,35 @@ def calibration_ids(
         "tokens": len(ids),
     }
     return ids, described
+
+
+# Peak bytes per (untied) parameter of the whole-model path, from SmolLM2-135M (162.8 M untied
+# parameters): QAT 6.98 GB (fp32 model, teacher, fake-quantized weights, gradients, Adam's two
+# moments, activations); the mixed-precision plan alone keeps the model, a clone of each linear
+# weight, its quantized candidates and the Fisher sums.
+TUNING_BYTES_PER_PARAMETER = {"qat": 44, "mixed": 20}
+
+
+def check_tuning_memory(recipe: Recipe, args: ModelArgs, path: Path, available: int | None) -> None:
+    """Refuse, before any weight is read, a tuning that cannot fit in ``available`` bytes."""
+    quant = recipe.quantization
+    stage = "qat" if quant.qat is not None else "mixed" if quant.mixed is not None else None
+    if stage is None or available is None:
+        return
+    parameters = args.parameter_count() + (args.vocab_size * args.dim if args.tie_word_embeddings else 0)
+    needed = parameters * TUNING_BYTES_PER_PARAMETER[stage]
+    if needed > available:
+        off = (
+            "quantization.qat=false --set quantization.mixed=false"
+            if stage == "qat"
+            else "quantization.mixed=false"
+        )
+        raise RecipeError(
+            path,
+            f"quantization.{stage}: tuning this {parameters / 1e9:.2f}B-parameter model holds it whole "
+            f"(about {needed / 2**30:.1f} GiB), {available / 2**30:.1f} GiB is available; "
+            f"build without tuning: --set {off}",
+        )
 
 
 def needs_whole_model(recipe: Recipe) -> bool:

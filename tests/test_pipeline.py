@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from exporter.checkpoint import open_checkpoint
-from exporter.errors import ValidationError
+from exporter.errors import RecipeError, ValidationError
 from exporter.pipeline import DEFAULT_CHECKPOINT, build, eager_module
 from exporter.play import generate
 from exporter.recipe import list_recipes, load_recipe
@@ -229,3 +229,12 @@ def test_a_program_that_does_not_load_fails_the_gate_naming_the_record(
     assert caught.value.path == tmp_path / "tiny-llama" / "reference-fp32.failed.json"
     assert ".tmp-" not in str(caught.value)  # not the hidden staging folder
     assert sorted(p.name for p in (tmp_path / "tiny-llama").iterdir()) == ["reference-fp32.failed.json"]
+
+
+def test_a_tuning_that_cannot_fit_in_memory_is_refused_before_any_weight_is_read(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("exporter.pipeline.available_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(RecipeError, match=r"quantization\.qat: .*--set quantization\.qat=false"):
+        build("android-arm64", checkpoint=tiny_checkpoint, out=tmp_path)
+    assert not (tmp_path / "tiny-llama").exists() or not any((tmp_path / "tiny-llama").iterdir())

@@ -126,6 +126,14 @@ def test_set_overrides_are_checked_like_the_file() -> None:
         load_recipe("android-arm64", ("export.speed=11",))
 
 
+def test_set_false_switches_an_optional_table_off() -> None:
+    r = load_recipe("android-arm64", ("quantization.qat=false", "quantization.mixed=false"))
+    assert r.quantization.qat is None and r.quantization.mixed is None
+    assert r.quantization.linear is not None and r.quantization.linear.group_size == 32
+    with pytest.raises(RecipeError, match=r"quantization\.qat: expected a table"):
+        load_recipe("reference-fp32", ("quantization.qat=false",))
+
+
 def test_group_size_must_divide_every_layer(tiny_checkpoint: Path) -> None:
     args = open_checkpoint(tiny_checkpoint).args  # hidden 64, intermediate 128
     r = load_recipe("android-arm64", ("quantization.linear.group_size=96",))
