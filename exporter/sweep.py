@@ -215,15 +215,19 @@ def chart(report: dict[str, Any], path: Path) -> None:
                     s=60 if source == "peer" else 40,
                     label=f"{_SOURCES[source]}: {text}",
                 )
+    middle = (min(p["pte_mb"] for p in points) + max(p["pte_mb"] for p in points)) / 2
     for p in points:
-        # once per artifact, beside its worse text
+        # once per artifact, beside its worse text; towards the inside of the chart, so that the
+        # label of the largest artifact is not cut off at the right edge
         top = max(p["perplexity_ratio"].values())
         name = p["label"] if p["source"] == "peer" else f"{p['recipe']}: {p['label']}"
+        right = p["pte_mb"] > middle
         ax.annotate(
             name,
             (p["pte_mb"], top),
             textcoords="offset points",
-            xytext=(6, 4),
+            xytext=(-6 if right else 6, 4),
+            ha="right" if right else "left",
             fontsize=7,
             color=_COLOURS[p["source"]],
         )
