@@ -46,10 +46,19 @@ def kernel_libraries(operators: list[str]) -> list[str]:
 
 
 def write_json_atomically(path: Path, data: dict[str, Any]) -> Path:
-    """Write beside ``path`` and rename: a reader sees the old file or the whole new one."""
+    """Write beside ``path`` and rename: a reader sees the old file or the whole new one, also after
+    a power loss (the file is fsynced before the rename, its folder after it)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    with tmp.open("w") as f:
+        f.write(json.dumps(data, indent=2, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
     return path
 
 

@@ -8,9 +8,7 @@ passed, so a failed or interrupted build leaves the previous artifact untouched 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,11 +21,12 @@ import torch
 from backends import Backend, Stepper, get_backend
 
 from .checkpoint import Checkpoint, check_finite, digest_files, load_model, open_checkpoint, sha256_file
-from .errors import ArtifactError, CheckpointError, ExporterError, ValidationError
+from .errors import ArtifactError, CheckpointError, ValidationError
 from .gate_inputs import GateInputs, gate_inputs
 from .manifest import kernel_libraries, tool_versions, write_json_atomically, write_manifest
 from .memory import available_memory_bytes, peak_rss_mb, release_memory
 from .model import Transformer
+from .publish import make_staging, publish, target_lock
 from .quantize import precision_map, quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
 from .runtime import native_logs_captured
@@ -89,23 +88,6 @@ def prepare(
     name = recipe.calibration_text()
     calibration = None if name is None else calibration_ids(name, tokenizer, info, recipe_file)
     return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target, gate, calibration)
-
-
-def make_staging(target: Path) -> Path:
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    except OSError as e:
-        raise ExporterError(target.parent, f"output folder is not writable ({e.strerror})") from e
-
-
-def publish(staging: Path, target: Path) -> None:
-    """Swap the finished folder into place; the old artifact survives until the new one is there."""
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists():
-        target.rename(old)
-    staging.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def export_program(module: torch.nn.Module, max_seq_len: int) -> torch.export.ExportedProgram:
@@ -183,14 +165,16 @@ def build(
     """Build, validate and publish one artifact; returns its folder. Raises ``ExporterError``."""
     inputs = prepare(recipe_arg, checkpoint, out, overrides)
     backend = get_backend(inputs.recipe.backend)
-    staging = make_staging(inputs.target)
-    try:
-        manifest = _build_into(inputs, backend, staging)
-        write_manifest(staging, manifest)
-        publish(staging, inputs.target)
-        failed_path(inputs.target).unlink(missing_ok=True)  # the target is good again
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # one build of a target at a time; taking the lock also repairs what killed builds left
+    with target_lock(inputs.target):
+        staging = make_staging(inputs.target)
+        try:
+            manifest = _build_into(inputs, backend, staging)
+            write_manifest(staging, manifest)
+            publish(staging, inputs.target)
+            failed_path(inputs.target).unlink(missing_ok=True)  # the target is good again
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return inputs.target
 
 
