@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import RecipeError
-from .model import ModelArgs
+from .model_args import ModelArgs
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 BACKENDS = ("xnnpack", "aoti")
