@@ -77,13 +77,25 @@ def _hush_libraries() -> None:
     metavar="KEY=VALUE",
     help="Override a recipe key, e.g. quantization.linear.group_size=64.",
 )
-def build(recipe: str, checkpoint: Path | None, out: Path | None, overrides: tuple[str, ...]) -> None:
-    """Build, validate and publish the artifact of RECIPE (a name in recipes/ or a .toml path)."""
+@click.option("--force", is_flag=True, help="Build even if a finished artifact has the same build key.")
+def build(
+    recipe: str, checkpoint: Path | None, out: Path | None, overrides: tuple[str, ...], force: bool
+) -> None:
+    """Build, validate and publish the artifact of RECIPE (a name in recipes/ or a .toml path).
+
+    A finished artifact with the same build key (exporter plan) in the output folder or in
+    $EXPORTER_CACHE is reused instead, without importing torch."""
+    from .cache import reuse
+
+    found = None if force else reuse(recipe, checkpoint, out, overrides)
+    if found is not None:
+        click.echo(f"up to date: {found.folder} (key {found.key[:12]})", err=True)
+        click.echo(str(found.folder))
+        return
     from .pipeline import build as run_build
 
     _hush_unless_debug()
-    folder = run_build(recipe, checkpoint, out, overrides)
-    click.echo(str(folder))
+    click.echo(str(run_build(recipe, checkpoint, out, overrides, force=True)))
 
 
 @main.command()
@@ -219,6 +231,35 @@ def sweep_cmd(
     paths = write_sweep(report, out)
     click.echo(markdown(report))
     click.echo("wrote " + ", ".join(map(str, paths)), err=True)
+
+
+@main.command()
+@click.option(
+    "--models",
+    "checkpoints",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Checkpoint folder; repeat for more (default: the shipped model).",
+)
+@click.option(
+    "--recipes", "recipe_args", multiple=True, metavar="NAME", help="Repeat for more (default: all)."
+)
+@click.option("--out", type=click.Path(path_type=Path), help="Artifacts root (default: artifacts/).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override for every job.")
+@click.option("--json", "as_json", is_flag=True, help='A GitHub Actions matrix: {"include": [...]}.')
+def plan(
+    checkpoints: tuple[Path, ...],
+    recipe_args: tuple[str, ...],
+    out: Path | None,
+    overrides: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """List the build jobs (checkpoint x recipe) with their content-addressed build keys."""
+    from .plan import matrix, plan_jobs, table
+
+    jobs = plan_jobs(checkpoints, recipe_args, out, overrides)
+    click.echo(json.dumps(matrix(jobs)) if as_json else table(jobs))
 
 
 @main.command()

@@ -20,12 +20,14 @@ import torch
 
 from backends import Backend, Stepper, get_backend
 
+from .cache import remember, reuse
 from .checkpoint import Checkpoint, check_finite, digest_files, load_model, open_checkpoint, sha256_file
 from .errors import ArtifactError, CheckpointError, ValidationError
 from .gate_inputs import GateInputs, gate_inputs
 from .manifest import kernel_libraries, tool_versions, write_json_atomically, write_manifest
 from .memory import available_memory_bytes, peak_rss_mb, release_memory
 from .model import Transformer
+from .plan import build_key
 from .publish import make_staging, publish, target_lock
 from .quantize import precision_map, quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
@@ -161,8 +163,11 @@ def build(
     checkpoint: Path | None = None,
     out: Path | None = None,
     overrides: tuple[str, ...] = (),
+    force: bool = False,
 ) -> Path:
     """Build, validate and publish one artifact; returns its folder. Raises ``ExporterError``."""
+    if not force and (done := reuse(recipe_arg, checkpoint, out, overrides)) is not None:
+        return done.folder  # a finished artifact with the same build key is there (exporter.cache)
     inputs = prepare(recipe_arg, checkpoint, out, overrides)
     backend = get_backend(inputs.recipe.backend)
     # one build of a target at a time; taking the lock also repairs what killed builds left
@@ -175,7 +180,7 @@ def build(
             failed_path(inputs.target).unlink(missing_ok=True)  # the target is good again
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return inputs.target
+    return remember(inputs.target)  # into $EXPORTER_CACHE, if set
 
 
 def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[str, Any]:
@@ -297,6 +302,7 @@ def assemble_manifest(
             "args": {k: v for k, v in vars(args).items() if k != "rope_scaling"}
             | {"rope_scaling": None if args.rope_scaling is None else vars(args.rope_scaling)},
         },
+        "build_key": build_key(ckpt.path, recipe, inputs.recipe_file),
         "recipe": {
             "name": recipe.name,
             "file": inputs.recipe_file.name,
