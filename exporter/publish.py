@@ -122,12 +122,14 @@ def recover(target: Path) -> Path | None:
 
 
 def is_whole(folder: Path) -> bool:
-    """Its manifest reads and the model file and tokenizer it lists match their sha256."""
+    """Its manifest reads and every file it lists (model file, tokenizer, any ``files`` entry)
+    matches its sha256."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
-        listed = [(manifest["artifact"]["file"], manifest["artifact"]["sha256"])]
-        listed.append(("tokenizer.json", manifest["tokenizer"]["sha256"]))
-        return all(file_sha256(folder / name) == digest for name, digest in listed)
+        listed = {name: entry["sha256"] for name, entry in manifest.get("files", {}).items()}
+        listed[manifest["artifact"]["file"]] = manifest["artifact"]["sha256"]
+        listed["tokenizer.json"] = manifest["tokenizer"]["sha256"]
+        return all(file_sha256(folder / name) == digest for name, digest in listed.items())
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
