@@ -7,7 +7,7 @@ MODEL  ?=
 OUT    ?= artifacts
 BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
 
-.PHONY: export android ios linux-arm64 reference server bench bench-peer sweep test test-fast lint clean
+.PHONY: export android ios linux-arm64 reference server bench bench-peer sweep test test-fast lint clean artifacts
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ linux-arm64: $(VENV)/.installed
 
 reference: $(VENV)/.installed
 	$(BUILD) reference-fp32
+
+# Every job of `exporter plan` (MODELS x RECIPES, default: the shipped model x every recipe) as its own
+# make target, so `make artifacts -j2` runs two builds at a time; a job whose build key matches a
+# finished artifact (in OUT or $EXPORTER_CACHE) is reused in well under a second.
+MODELS  ?=
+RECIPES ?=
+artifacts: $(VENV)/.installed
+	mkdir -p $(OUT)
+	$(BIN)/exporter plan --make --out $(OUT) $(foreach m,$(MODELS),--models $(m)) \
+	    $(foreach r,$(RECIPES),--recipes $(r)) > $(OUT)/.jobs.mk
+	$(MAKE) -f $(OUT)/.jobs.mk EXPORTER=$(abspath $(BIN)/exporter)
 
 # x86 server targets (AOTInductor .pt2) and the reference C++ consumer.
 server: $(VENV)/.installed

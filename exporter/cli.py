@@ -248,18 +248,22 @@ def sweep_cmd(
 @click.option("--out", type=click.Path(path_type=Path), help="Artifacts root (default: artifacts/).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override for every job.")
 @click.option("--json", "as_json", is_flag=True, help='A GitHub Actions matrix: {"include": [...]}.')
+@click.option("--make", "as_make", is_flag=True, help="A makefile with one target per job (make -j).")
 def plan(
     checkpoints: tuple[Path, ...],
     recipe_args: tuple[str, ...],
     out: Path | None,
     overrides: tuple[str, ...],
     as_json: bool,
+    as_make: bool,
 ) -> None:
     """List the build jobs (checkpoint x recipe) with their content-addressed build keys."""
-    from .plan import matrix, plan_jobs, table
+    from .plan import makefile, matrix, plan_jobs, table
 
     jobs = plan_jobs(checkpoints, recipe_args, out, overrides)
-    click.echo(json.dumps(matrix(jobs)) if as_json else table(jobs))
+    click.echo(
+        json.dumps(matrix(jobs)) if as_json else makefile(jobs) if as_make else table(jobs), nl=not as_make
+    )
 
 
 @main.command()
