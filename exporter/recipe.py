@@ -283,7 +283,11 @@ class Recipe:
 def recipe_path(name_or_path: str) -> Path:
     """A recipe name (file in recipes/) or a path to a TOML file."""
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    try:
+        exists = path.exists()
+    except OSError:  # a name the OS refuses (too long): no file here, so it names a shipped recipe
+        exists = False
+    if path.suffix == ".toml" or exists:
         return path
     return RECIPES_DIR / f"{name_or_path}.toml"
 
@@ -294,13 +298,16 @@ def list_recipes() -> list[Path]:
 
 def load_recipe(name_or_path: str, overrides: tuple[str, ...] = ()) -> Recipe:
     path = recipe_path(name_or_path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+        data = _parse_toml(path.read_text(encoding="utf-8")) if found else {}
+    except OSError as e:  # a name the OS refuses (too long) or a file it will not let us read
+        raise RecipeError(path, f"cannot read the recipe ({e.strerror or e})") from e
+    except ValueError as e:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        raise RecipeError(path, f"not valid TOML ({e})") from e
+    if not found:
         known = ", ".join(p.stem for p in list_recipes())
         raise RecipeError(path, f"recipe not found (shipped recipes: {known})")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise RecipeError(path, f"not valid TOML ({e})") from e
     for item in overrides:
         _apply_override(path, data, item)
     return _build(Recipe, data, path, "")
@@ -311,25 +318,42 @@ def recipe_from_dict(data: dict[str, Any], source: Path) -> Recipe:
     return _build(Recipe, data, source, "")  # type: ignore[no-any-return]
 
 
+def _parse_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads``, where nesting too deep for its recursive parser is a ValueError like its other
+    refusals (it also raises a plain ValueError for integers beyond Python's int-to-string limit)."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
+
+
 def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise RecipeError(path, f"--set {item!r}: expected key=value")
+    shown = _printable(key)
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        value = _parse_toml(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare word is a string: --set backend=aoti
+    except ValueError as e:
+        raise RecipeError(path, f"--set {shown}: not a valid value ({e})") from e
     *parents, leaf = key.split(".")
     node = data
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise RecipeError(path, f"--set {key}: {part!r} is not a table")
+            raise RecipeError(path, f"--set {shown}: {part!r} is not a table")
     if value is False and isinstance(node.get(leaf), dict):
         # an optional table is switched off: --set quantization.qat=false
         del node[leaf]
         return
     node[leaf] = value
+
+
+def _printable(text: str) -> str:
+    """A user's key on one line: newlines and other unprintable characters as escapes."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _build(cls: type, data: Any, path: Path, prefix: str) -> Any:
@@ -339,7 +363,8 @@ def _build(cls: type, data: Any, path: Path, prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise RecipeError(path, f"unknown key '{prefix}{unknown[0]}' (known: {', '.join(sorted(names))})")
+        key = _printable(f"{prefix}{unknown[0]}")
+        raise RecipeError(path, f"unknown key '{key}' (known: {', '.join(sorted(names))})")
     kwargs = {k: _convert(hints[k], v, path, f"{prefix}{k}") for k, v in data.items()}
     missing = [
         f.name

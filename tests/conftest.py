@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -9,8 +10,18 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from exporter.pipeline import DEFAULT_CHECKPOINT
+
+# Fuzz tests (tests/fuzz) run derandomized by default, so CI sees the same inputs on every run and a
+# failure reproduces; HYPOTHESIS_PROFILE=explore draws fresh random inputs (and saves failures) locally.
+_SLOW_OK = [HealthCheck.too_slow]  # some examples write and open a checkpoint folder
+settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, suppress_health_check=_SLOW_OK
+)
+settings.register_profile("explore", derandomize=False, deadline=None, suppress_health_check=_SLOW_OK)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 TINY = {
     "hidden_size": 64,

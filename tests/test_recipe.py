@@ -151,3 +151,40 @@ def test_digest_changes_with_content() -> None:
     a = load_recipe("android-arm64")
     b = load_recipe("android-arm64", ("quantization.linear.group_size=64",))
     assert a.digest() == load_recipe("android-arm64").digest() != b.digest()
+
+
+# Escapes the fuzz tests (tests/fuzz/test_fuzz_recipe.py) found: each was another exception or a
+# message over several lines before.
+
+
+def test_name_too_long_for_the_os_is_a_recipe_error() -> None:
+    with pytest.raises(RecipeError, match="cannot read the recipe"):
+        load_recipe("x" * 5000)  # OSError (file name too long) from the existence check before
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        BASE + "[export]\nmax_seq_len = " + "9" * 5000 + "\n",  # tomllib's int: a plain ValueError
+        BASE + "v = " + "[" * 5000 + "]" * 5000 + "\n",  # tomllib recurses: RecursionError
+    ],
+    ids=["huge-integer", "deep-nesting"],
+)
+def test_toml_that_tomllib_refuses_oddly_is_a_recipe_error(tmp_path: Path, text: str) -> None:
+    with pytest.raises(RecipeError, match="not valid TOML"):
+        load_recipe(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "[" * 5000 + "]" * 5000])
+def test_set_value_that_tomllib_refuses_oddly_is_a_recipe_error(value: str) -> None:
+    with pytest.raises(RecipeError, match=r"--set export\.max_seq_len: not a valid value"):
+        load_recipe("android-arm64", (f"export.max_seq_len={value}",))
+
+
+def test_keys_with_newlines_are_named_on_one_line(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match=r"unknown key 'a\\nb'") as info:
+        load_recipe(_write(tmp_path, BASE + '"a\\nb" = 1\n'))
+    assert "\n" not in info.value.message
+    with pytest.raises(RecipeError, match=r"--set name\.\\n: 'name' is not a table") as info:
+        load_recipe("android-arm64", ("name.\n=1",))
+    assert "\n" not in info.value.message
