@@ -277,5 +277,43 @@ def recipes() -> None:
         click.echo(f"{'':27} {r.tradeoff()}")
 
 
+@main.command()
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--key", type=click.Path(path_type=Path), help="Public key (PEM): also check model.sig.")
+@click.option("--no-run", is_flag=True, help="Check files, records and signature only; load nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(artifact_dir: Path, key: Path | None, no_run: bool, as_json: bool) -> None:
+    """Check an artifact folder: seals, schema, every file's sha256, signature, that this runtime can
+    run the program, and its golden vectors. Exit 0 all passed, 1 a check failed, 2 unusable input."""
+    from .artifact.verify import EXIT_MISMATCH, EXIT_OK, verify_artifact
+
+    _hush_unless_debug()
+    report = verify_artifact(artifact_dir, key, run_program=not no_run)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for c in report.checks:
+            mark = {True: "ok  ", False: "FAIL", None: "skip"}[c.ok]
+            click.echo(f"{mark} {c.name}: {c.detail}")
+        click.echo(f"{artifact_dir}: {'verified' if report.ok else 'NOT verified'}")
+    sys.exit(EXIT_OK if report.ok else EXIT_MISMATCH)
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--key", required=True, type=click.Path(path_type=Path), help="Private EC key (PEM).")
+def sign(artifact_dir: Path, key: Path) -> None:
+    """Sign an artifact folder offline (OpenSSF model-signing, elliptic-curve key): writes model.sig,
+    which `exporter verify ARTIFACT_DIR --key PUBLIC.pem` checks. The folder must verify first."""
+    from .artifact.sign import sign_artifact
+    from .artifact.verify import verify_artifact
+
+    report = verify_artifact(artifact_dir, run_program=False)
+    if not report.ok:
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if c.ok is False)
+        raise ExporterError(artifact_dir, f"not signed: the folder does not verify ({failed})")
+    click.echo(str(sign_artifact(artifact_dir, key)))
+
+
 if __name__ == "__main__":
     main()

@@ -3,18 +3,21 @@ the same text: perplexity of both, top-1 agreement and mean KL(fp32 || artifact)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from .checkpoint import digest_files, load_model, open_checkpoint
 from .errors import ArtifactError
 from .gate_inputs import text_path as gate_text
-from .manifest import MANIFEST, read_manifest, write_json_atomically
+from .manifest import read_manifest, write_json_atomically
 from .pipeline import DEFAULT_CHECKPOINT
 from .recipe import ValidationSettings
 from .runtime import load_artifact, native_logs_captured, score
 from .tokenizer import encode, load_tokenizer, tokenizer_info
 from .validate import distribution_figures, fp32_reference
+
+EVAL_SUFFIX = ".eval.json"
 
 
 def evaluate(
@@ -23,7 +26,7 @@ def evaluate(
     checkpoint: Path | None = None,
     max_tokens: int = 511,
 ) -> dict[str, Any]:
-    """Figures for ``artifact_dir``; also merged into its manifest under ``eval``."""
+    """Figures for ``artifact_dir``; also filed beside it (``eval_path``), by text."""
     manifest = read_manifest(artifact_dir)
     ckpt = open_checkpoint(checkpoint or DEFAULT_CHECKPOINT)
     files = [ckpt.path / "config.json", *ckpt.weight_files, ckpt.tokenizer_path]
@@ -60,14 +63,34 @@ def evaluate(
         "clear_positions": artifact["clear_positions"],
         "mean_kl": artifact["mean_kl"],
     }
-    _merge_into_manifest(Path(artifact_dir), manifest, result)
+    _record(Path(artifact_dir), manifest, result)
     return result
 
 
-def _merge_into_manifest(folder: Path, manifest: dict[str, Any], result: dict[str, Any]) -> None:
-    """Under ``eval``, one entry per text scored (a later score of the same text replaces it)."""
-    earlier = manifest.get("eval", {})
-    if "text" in earlier:  # one result, as manifests before the per-text entries kept it
-        earlier = {earlier["text"]: earlier}
-    manifest["eval"] = {**earlier, result["text"]: result}
-    write_json_atomically(folder / MANIFEST, manifest)
+def eval_path(folder: Path) -> Path:
+    """Where ``exporter eval`` files its results: beside the artifact folder, never inside it (the
+    folder is sealed by its manifest and may be signed)."""
+    folder = Path(folder)
+    return folder.with_name(folder.name + EVAL_SUFFIX)
+
+
+def read_evals(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Results filed for this very artifact (a rebuilt artifact's old results are ignored)."""
+    path = eval_path(folder)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ArtifactError(path, f"unreadable eval record ({e}); delete it to start afresh") from e
+    if not isinstance(data, dict) or data.get("artifact_sha256") != manifest["artifact"]["sha256"]:
+        return {}
+    results: dict[str, Any] = data.get("results", {})
+    return results
+
+
+def _record(folder: Path, manifest: dict[str, Any], result: dict[str, Any]) -> None:
+    """One entry per text scored (a later score of the same text replaces it)."""
+    results = {**read_evals(folder, manifest), result["text"]: result}
+    record = {"artifact_sha256": manifest["artifact"]["sha256"], "results": results}
+    write_json_atomically(eval_path(folder), record)

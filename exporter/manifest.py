@@ -10,14 +10,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .artifact.folder import MANIFEST, write_records
 from .errors import ArtifactError
 
 # 2: tokenizer facts as transformers applies them (add_bos from the post-processor, special tokens,
 # generation defaults), the gate's scale-free figures and its text.
 # 3: a ``quantization`` section: every linear and embedding weight's precision, and for tuned
 # recipes the mixed-precision plan and the quantization-aware training (text digest, steps, seed).
-SCHEMA_VERSION = 3
-MANIFEST = "manifest.json"
+# 4: sealed (``seal``), ``files`` (sha256 and size of every file), golden vectors (golden.json);
+# timings and tuning wall times moved to build-info.json, so identical builds give identical bytes.
+SCHEMA_VERSION = 4
 
 # Where each operator namespace outside the delegate comes from, for the app team's link line.
 KERNEL_LIBRARIES = {
@@ -62,10 +64,9 @@ def write_json_atomically(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
-    path = folder / MANIFEST
-    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **manifest}, indent=2) + "\n")
-    return path
+def write_manifest(folder: Path, manifest: dict[str, Any], build_info: dict[str, Any]) -> Path:
+    """The sealed manifest (with ``files``) and build-info.json, once every other file is in ``folder``."""
+    return write_records(folder, {"schema_version": SCHEMA_VERSION, **manifest}, build_info)
 
 
 def listed_file(folder: Path, manifest: dict[str, Any], section: str) -> Path:

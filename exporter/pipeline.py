@@ -20,6 +20,8 @@ import torch
 
 from backends import Backend, Stepper, get_backend
 
+from .artifact.golden import GOLDEN, make_golden
+from .artifact.seal import write_sealed
 from .cache import remember, reuse
 from .checkpoint import Checkpoint, check_finite, digest_files, load_model, open_checkpoint, sha256_file
 from .errors import ArtifactError, CheckpointError, ValidationError
@@ -43,6 +45,8 @@ log = logging.getLogger("exporter")
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "pycode-4m"
 DEFAULT_OUT = Path("artifacts")
 FAILED_SUFFIX = ".failed.json"
+# Decode steps per gate prompt stored as golden vectors (a few: they are a fingerprint, not a gate).
+GOLDEN_DECODE_STEPS = 8
 
 
 @contextmanager
@@ -174,8 +178,8 @@ def build(
     with target_lock(inputs.target):
         staging = make_staging(inputs.target)
         try:
-            manifest = _build_into(inputs, backend, staging)
-            write_manifest(staging, manifest)
+            manifest, build_info = _build_into(inputs, backend, staging)
+            write_manifest(staging, manifest, build_info)
             publish(staging, inputs.target)
             failed_path(inputs.target).unlink(missing_ok=True)  # the target is good again
         finally:
@@ -183,9 +187,12 @@ def build(
     return remember(inputs.target)  # into $EXPORTER_CACHE, if set
 
 
-def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[str, Any]:
+def _build_into(
+    inputs: BuildInputs, backend: Backend, staging: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checkpoint is streamed into the quantized module (fp32 reference logits computed on the
-    way); the gate then runs the artifact, and eager teacher-forced along the artifact's tokens."""
+    way); the gate then runs the artifact, and eager teacher-forced along the artifact's tokens.
+    Returns the manifest (what follows from the inputs) and the build record (what varies)."""
     recipe, ckpt, gate = inputs.recipe, inputs.checkpoint, inputs.gate
     timings: dict[str, Any] = {}
     with stage(timings, "load_quantize"):
@@ -203,7 +210,12 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
         held = [export_program(module, recipe.export.max_seq_len)]
         weights = weight_bytes(held[0])
     with stage(timings, "lower"):
-        lowered = backend.lower(held.pop(), constant_methods(inputs), staging / f"model{backend.suffix}")
+        lowered = backend.lower(
+            held.pop(),
+            constant_methods(inputs),
+            staging / f"model{backend.suffix}",
+            lean_lowering=recipe.export.lean_lowering,
+        )
         release_memory()
     with stage(timings, "validate"), native_logs_captured():
         # No local name for the loaded artifact: ``validate`` drops the last reference to it before
@@ -220,12 +232,25 @@ def _build_into(inputs: BuildInputs, backend: Backend, staging: Path) -> dict[st
     quantization = {"precision": precision, **({"tuning": tuning} if tuning else {})}
     if not figures["passed"]:
         raise _gate_failed(inputs, figures, timings, quantization)
+    with stage(timings, "golden"), native_logs_captured():
+        golden = make_golden(backend.load(lowered.path), gate.prompts, GOLDEN_DECODE_STEPS)
+        write_sealed(staging / GOLDEN, golden)
     shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")
     # A backend that repacks weights (XNNPACK) says what it stored; otherwise the program's own.
     runtime = {"weight_bytes": weights, **lowered.runtime}
+    build_info = {"timings": timings, "tuning_seconds": split_tuning_seconds(tuning)}
+    manifest = {**assemble_manifest(inputs, lowered.path, runtime, figures), "quantization": quantization}
+    return manifest, build_info
+
+
+def split_tuning_seconds(tuning: dict[str, Any]) -> dict[str, Any]:
+    """Take the wall times out of the tuning record (they go to build-info.json, the rest of the
+    record follows from the inputs and stays in the manifest)."""
+    volatile = ("seconds", "seconds_per_million_parameters")
     return {
-        **assemble_manifest(inputs, lowered.path, runtime, figures, timings),
-        "quantization": quantization,
+        part: {k: record.pop(k) for k in volatile if k in record}
+        for part, record in tuning.items()
+        if isinstance(record, dict) and any(k in record for k in volatile)
     }
 
 
@@ -275,7 +300,6 @@ def assemble_manifest(
     model_file: Path,
     runtime: dict[str, Any],
     figures: dict[str, Any],
-    timings: dict[str, Any],
 ) -> dict[str, Any]:
     recipe, ckpt, args = inputs.recipe, inputs.checkpoint, inputs.checkpoint.args
     size = model_file.stat().st_size
@@ -350,5 +374,4 @@ def assemble_manifest(
         },
         "tokenizer": {**inputs.tokenizer_info.to_dict(), "sha256": sha256_file(ckpt.tokenizer_path)},
         "validation": figures,
-        "timings": timings,
     }

@@ -1,11 +1,11 @@
 """``exporter sweep``: size against quality of one checkpoint's artifacts.
 
 Each artifact folder is a point: its model file's size and its perplexity ratio to eager fp32 on the
-shipped held-out texts "prose" and "code", read from the manifest's ``eval`` section as
-``exporter eval --text`` files it (a text not scored yet is scored now, by that same evaluation, and
-merged there). The peer race's ``export_llm`` program of the same checkpoint (``make bench-peer``,
-``peer.json``) joins as a point of its own: it is scored on the same tokens against the same fp32
-model. Output: ``sweep.json`` and ``sweep.png``.
+shipped held-out texts "prose" and "code", read from what ``exporter eval --text`` filed beside the
+artifact (a text not scored yet is scored now, by that same evaluation, and filed there). The peer
+race's ``export_llm`` program of the same checkpoint (``make bench-peer``, ``peer.json``) joins as a
+point of its own: it is scored on the same tokens against the same fp32 model. Output:
+``sweep.json`` and ``sweep.png``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def perplexity_key(text: str) -> str:
 
 
 def text_key(text: str) -> str:
-    """The name ``exporter eval --text TEXT`` files its result under in the manifest's ``eval``
+    """The name ``exporter eval --text TEXT`` files its result under
     (a shipped text's name does not depend on the checkpoint folder)."""
     return text_path(text, Path())[1]
 
@@ -68,17 +68,14 @@ def precision_label(manifest: dict[str, Any]) -> str:
     return " + ".join(parts)
 
 
-def eval_ratios(manifest: dict[str, Any]) -> dict[str, float]:
-    """Perplexity ratios of the texts in QUALITY_TEXTS the manifest has been evaluated on."""
-    evals = manifest.get("eval", {})
-    if "text" in evals:  # one result, as manifests before the per-text entries kept it
-        evals = {evals["text"]: evals}
+def eval_ratios(evals: dict[str, Any]) -> dict[str, float]:
+    """Perplexity ratios of the texts in QUALITY_TEXTS among an artifact's filed eval results."""
     found = {t: evals.get(text_key(t)) for t in QUALITY_TEXTS}
     return {t: float(e["perplexity_ratio"]) for t, e in found.items() if e is not None}
 
 
 def eval_scorer(checkpoint: Path | None) -> Scorer:
-    """What ``exporter eval ARTIFACT --text TEXT`` runs; it merges the result into the manifest."""
+    """What ``exporter eval ARTIFACT --text TEXT`` runs; it files the result beside the artifact."""
 
     def score(folder: Path, text: str) -> float:
         from .evaluate import evaluate
@@ -104,7 +101,9 @@ def one_checkpoint(folders: list[Path], manifests: list[dict[str, Any]]) -> str:
 
 
 def artifact_point(folder: Path, manifest: dict[str, Any], score: Scorer) -> Point:
-    ratios = eval_ratios(manifest)
+    from .evaluate import read_evals
+
+    ratios = eval_ratios(read_evals(folder, manifest))
     for text in QUALITY_TEXTS:
         if text not in ratios:
             ratios[text] = score(folder, text)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from exporter.cli import main
 from exporter.errors import ArtifactError
+from exporter.evaluate import eval_path
 from exporter.manifest import SCHEMA_VERSION
 from exporter.sweep import Point, as_report, markdown, peer_point, sweep, write_sweep
 
@@ -32,7 +33,7 @@ def write_artifact(
     (folder / "model.pte").write_bytes(b"\0" * size)
     manifest = {
         "schema_version": SCHEMA_VERSION,
-        "artifact": {"file": "model.pte", "size_bytes": size},
+        "artifact": {"file": "model.pte", "size_bytes": size, "sha256": DIGEST},
         "model": {"name": "pycode-4m", "checkpoint_sha256": digest},
         "recipe": {"name": recipe},
         "quantization": {
@@ -43,9 +44,10 @@ def write_artifact(
                 }
             }
         },
-        "eval": {f"shipped:{t}": {"text": f"shipped:{t}", "perplexity_ratio": r} for t, r in ratios.items()},
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    results = {f"shipped:{t}": {"text": f"shipped:{t}", "perplexity_ratio": r} for t, r in ratios.items()}
+    eval_path(folder).write_text(json.dumps({"artifact_sha256": DIGEST, "results": results}))
     return folder
 
 
@@ -87,16 +89,6 @@ def test_a_text_not_yet_evaluated_is_scored(tmp_path: Path) -> None:
     (point,) = sweep([folder], score=score)["points"]
     assert calls == [(folder, "code")]
     assert point["perplexity_ratio"] == {"prose": 1.08, "code": 1.5}
-
-
-def test_manifest_with_one_eval_entry_of_the_older_layout(tmp_path: Path) -> None:
-    folder = write_artifact(tmp_path / "art", ratios={})
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["eval"] = {"text": "shipped:code", "perplexity_ratio": 1.25}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    scored: list[str] = []
-    (point,) = sweep([folder], score=lambda f, t: scored.append(t) or 2.0)["points"]
-    assert scored == ["prose"] and point["perplexity_ratio"] == {"prose": 2.0, "code": 1.25}
 
 
 def test_artifacts_of_different_checkpoints_are_refused(tmp_path: Path) -> None:
