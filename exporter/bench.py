@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ExporterError
-from .manifest import read_manifest
+from .manifest import read_build_info, read_manifest
 
 
 def measure_read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
@@ -128,8 +128,8 @@ def export_cost(recipe: str, checkpoint: Path | None) -> dict[str, Any]:
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise ExporterError(None, f"export of {recipe} failed: {proc.stderr.strip().splitlines()[-1:]}")
-        manifest = read_manifest(Path(proc.stdout.strip().splitlines()[-1]))
-    return {"recipe": recipe, "wall_s": wall, "stages": manifest["timings"]}
+        info = read_build_info(Path(proc.stdout.strip().splitlines()[-1]))
+    return {"recipe": recipe, "wall_s": wall, "stages": info["timings"]}
 
 
 def markdown(report: dict[str, Any]) -> str:

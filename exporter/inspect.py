@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .artifact.folder import BUILD_INFO
 from .checkpoint import sha256_file
-from .manifest import listed_file, read_manifest
+from .manifest import listed_file, read_build_info, read_manifest
 
 
 def summarize(artifact_dir: Path) -> dict[str, Any]:
@@ -39,9 +40,11 @@ def summarize(artifact_dir: Path) -> dict[str, Any]:
         "perplexity": f"{vs_fp32['artifact']['perplexity']:.3f} (fp32 {vs_fp32['fp32_perplexity']:.3f})",
         "validation_text": val["text"]["source"],
         "chat_template": "yes" if m["tokenizer"].get("chat_template") else "none",
-        "build_seconds": round(sum(t["seconds"] for t in m["timings"].values()), 1),
         "precision": _precision(m.get("quantization", {})),
     }
+    if (Path(artifact_dir) / BUILD_INFO).is_file():  # the build's record, if it travelled along
+        timings = read_build_info(artifact_dir)["timings"]
+        summary["build_seconds"] = round(sum(t["seconds"] for t in timings.values()), 1)
     return summary
 
 

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .artifact.folder import MANIFEST, write_records
+from .artifact.folder import BUILD_INFO, MANIFEST, write_records
 from .errors import ArtifactError
 
 # 2: tokenizer facts as transformers applies them (add_bos from the post-processor, special tokens,
@@ -100,4 +100,16 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise ArtifactError(
             path, f"schema_version {data.get('schema_version')!r}, this exporter reads {SCHEMA_VERSION}"
         )
+    return data
+
+
+def read_build_info(folder: Path) -> dict[str, Any]:
+    """The build's record beside its manifest: timings, tuning wall times, host."""
+    path = Path(folder) / BUILD_INFO
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(path, "missing (built by an exporter older than schema 4?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ArtifactError(path, f"not valid JSON ({e})") from e
     return data

@@ -32,6 +32,7 @@ from .checkpoint import Checkpoint, digest_files, load_model, open_checkpoint
 from .errors import ExporterError
 from .gate_inputs import HELDOUT
 from .gate_inputs import text_path as gate_text
+from .manifest import read_build_info
 from .model import ModelArgs
 from .pipeline import DEFAULT_CHECKPOINT
 from .recipe import Recipe, load_recipe
@@ -263,7 +264,7 @@ def our_export(checkpoint: Path, out: Path, recipe: str, overrides: tuple[str, .
         cmd += ["--set", item]
     result = run_timed(cmd)
     folder = Path(result["stdout"].strip().splitlines()[-1])
-    stages = json.loads((folder / "manifest.json").read_text())["timings"]
+    stages = read_build_info(folder)["timings"]
     return {**result, "pte": folder / "model.pte", "stages": stages}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from exporter.artifact.verify import verify_artifact
 from exporter.checkpoint import open_checkpoint
 from exporter.errors import RecipeError, ValidationError
 from exporter.pipeline import DEFAULT_CHECKPOINT, build, eager_module
@@ -49,8 +50,9 @@ def test_artifact_folder_is_complete(built: dict[str, Path], name: str) -> None:
     m = json.loads((folder / "manifest.json").read_text())
     model_file = m["artifact"]["file"]
     assert model_file == ("model.pt2" if m["recipe"]["resolved"]["backend"] == "aoti" else "model.pte")
-    assert sorted(p.name for p in folder.iterdir()) == sorted(["manifest.json", model_file, "tokenizer.json"])
-    assert m["schema_version"] == 3 and m["recipe"]["name"] == name
+    files = ["build-info.json", "golden.json", "manifest.json", model_file, "tokenizer.json"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files)
+    assert m["schema_version"] == 4 and m["recipe"]["name"] == name
     # every linear and embedding weight's precision is recorded; tuned recipes say how
     precision = m["quantization"]["precision"]
     assert precision["by_tensor"]["layers.0.attention.wq.weight"]
@@ -67,13 +69,23 @@ def test_artifact_folder_is_complete(built: dict[str, Path], name: str) -> None:
     assert m["artifact"]["size_bytes"] == (folder / model_file).stat().st_size
     assert m["tokenizer"]["bos_id"] == 0 and m["tokenizer"]["eos_ids"] == [1]
     assert m["runtime"]["constant_methods"]["get_eos_ids"] == [1]
-    assert set(m["timings"]) == {"load_quantize", "export", "lower", "validate"}
+    info = json.loads((folder / "build-info.json").read_text())
+    assert set(info["timings"]) == {"load_quantize", "export", "lower", "validate", "golden"}
+    assert "timings" not in m
     if m["artifact"]["format"] == "executorch-pte" and name != "reference-fp32":
         assert "quantized_decomposed::embedding_4bit.out" in m["runtime"]["operators_outside_delegate"]
         assert m["artifact"]["bits_per_parameter"] < 8
     if m["artifact"]["format"] == "aoti-pt2":
         assert m["runtime"]["torch_version"] == torch.__version__ and m["runtime"]["cpu_isa"]
         assert m["runtime"]["compiler"] and m["runtime"]["entry_points"]["cpp"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RECIPES)
+def test_published_artifact_verifies_with_its_golden_vectors(built: dict[str, Path], name: str) -> None:
+    report = verify_artifact(built[name])
+    assert report.ok, report.to_dict()
+    assert report.checks[-1].name == "golden vectors" and report.checks[-1].ok
 
 
 @pytest.mark.slow
