@@ -31,7 +31,12 @@ class Backend(Protocol):
     name: str
     suffix: str  # ".pte" or ".pt2"
 
-    def lower(self, program: ExportedProgram, metadata: dict[str, Any], out: Path) -> Lowered: ...
+    def lower(
+        self, program: ExportedProgram, metadata: dict[str, Any], out: Path, *, lean_lowering: bool = True
+    ) -> Lowered:
+        """``lean_lowering``: the recipe's ``export.lean_lowering``, for backends with guarded shortcuts
+        through their library's internals (XNNPACK); the others have none and ignore it."""
+        ...
 
     def load(self, path: Path) -> Stepper: ...
 

@@ -62,6 +62,9 @@ class ExportSettings:
     max_seq_len: int = 512
     dtype: str = "float32"
     custom_sdpa: bool = True  # ExecuTorch's llama::custom_sdpa + update_cache (XNNPACK only)
+    # XNNPACK's guarded shortcuts through ExecuTorch internals (backends/xnnpack/patches): the same
+    # program in less time and memory; false runs the stock flow (EXPORTER_LEAN_LOWERING=0 too)
+    lean_lowering: bool = True
 
     def __post_init__(self) -> None:
         _positive("max_seq_len", self.max_seq_len)

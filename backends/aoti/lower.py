@@ -45,8 +45,11 @@ class AotiBackend:
     name = "aoti"
     suffix = ".pt2"
 
-    def lower(self, program: ExportedProgram, metadata: dict[str, Any], out: Path) -> Lowered:
-        """``metadata`` goes into the package (strings), readable with ``get_metadata()``."""
+    def lower(
+        self, program: ExportedProgram, metadata: dict[str, Any], out: Path, *, lean_lowering: bool = True
+    ) -> Lowered:
+        """``metadata`` goes into the package (strings), readable with ``get_metadata()``;
+        ``lean_lowering`` is XNNPACK's (Inductor has no shortcuts of ours)."""
         configs = {**INDUCTOR_CONFIGS, "aot_inductor.metadata": {k: str(v) for k, v in metadata.items()}}
         with heartbeat("lower", "compiling with AOTInductor"):  # one opaque call: time spent so far
             torch._inductor.aoti_compile_and_package(program, package_path=str(out), inductor_configs=configs)

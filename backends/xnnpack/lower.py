@@ -11,8 +11,8 @@ from torch.export import ExportedProgram
 from backends import Lowered, Stepper
 from exporter.memory import release_memory
 
-from .lean import forget_graphs, lean_lowering
 from .partition_progress import partition_progress
+from .patches import lean_lowering as lean_patches
 
 log = logging.getLogger("exporter")
 
@@ -21,8 +21,11 @@ class XnnpackBackend:
     name = "xnnpack"
     suffix = ".pte"
 
-    def lower(self, program: ExportedProgram, metadata: dict[str, Any], out: Path) -> Lowered:
-        """``metadata`` becomes the program's constant methods (``get_max_seq_len``, ...)."""
+    def lower(
+        self, program: ExportedProgram, metadata: dict[str, Any], out: Path, *, lean_lowering: bool = True
+    ) -> Lowered:
+        """``metadata`` becomes the program's constant methods (``get_max_seq_len``, ...);
+        ``lean_lowering`` applies the verified shortcuts of ``patches`` (same program, less time)."""
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.devtools.backend_debug import get_delegation_info
         from executorch.exir import (
@@ -35,7 +38,7 @@ class XnnpackBackend:
         # The phases around XNNPACK's per-partition preprocess take as long again on a real model;
         # name them so a user sees which one runs.
         log.info("[lower] edge dialect and XNNPACK partitioning ...")
-        with lean_lowering(), partition_progress():
+        with lean_patches(lean_lowering) as forget_graphs, partition_progress():
             edge = to_edge_transform_and_lower(
                 program,
                 partitioner=[XnnpackPartitioner()],

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from backends import get_backend
-from backends.xnnpack.lean import ONLY_WITH_OPS, needed
 from exporter.checkpoint import load_model, open_checkpoint
 from exporter.pipeline import export_program, prepare_module
 from exporter.recipe import load_recipe
@@ -100,56 +98,6 @@ def test_dynamic_prompt_length(lowered) -> None:  # type: ignore[no-untyped-def]
             assert logits.shape == (1, 4096)
 
 
-def _lower_tiny(checkpoint: Path, out: Path) -> bytes:
-    recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
-    module = prepare_module(recipe, load_model(open_checkpoint(checkpoint), recipe.export.max_seq_len))
-    get_backend("xnnpack").lower(export_program(module, 64), {"get_max_seq_len": 64}, out)
-    return out.read_bytes()
-
-
-def test_lean_lowering_makes_the_stock_program(
-    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Dropping the passes that cannot fire, and the weight copies, changes nothing in the
-    artifact, byte for byte; nor does reporting the partitions' progress."""
-    from backends.xnnpack import lean as patches
-    from backends.xnnpack import partition_progress as progress_patch
-
-    monkeypatch.setattr(logging.getLogger("exporter"), "propagate", True)  # the CLI turns it off
-    caplog.set_level(logging.INFO, logger="exporter")
-    patches.FIRED.clear()
-    lean = _lower_tiny(tiny_checkpoint, tmp_path / "lean.pte")
-    every = {
-        "lean_passes",
-        "shared_weights",
-        "skip_idle_decompositions",
-        "compact_dependencies",
-        "skip_idle_edge_passes",
-        "forget_graphs",
-    }
-    assert {name for name, n in patches.FIRED.items() if n} == every  # each substitution fired
-    assert any(re.fullmatch(r"\[lower\] partition (\d+)/\1 \(.*done in .*\)", m) for m in caplog.messages)
-    # The off switches: the stock flow, and not one substitution fired.
-    monkeypatch.setenv(patches.OFF_SWITCH, "0")
-    monkeypatch.setenv(progress_patch.OFF_SWITCH, "0")
-    patches.FIRED.clear()
-    assert _lower_tiny(tiny_checkpoint, tmp_path / "stock.pte") == lean
-    assert not any(patches.FIRED.values())
-
-
-def test_lean_lowering_stays_out_on_unverified_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    from backends.xnnpack import lean as patches
-
-    assert patches.enabled()
-    monkeypatch.setattr(patches, "VERIFIED_ON", {**patches.VERIFIED_ON, "executorch": "9.9.9"})
-    assert not patches.enabled()
-    from torch.export import ExportedProgram
-
-    stock = ExportedProgram.run_decompositions
-    with patches.lean_lowering():
-        assert ExportedProgram.run_decompositions is stock
-
-
 def test_partition_progress_ticks_each_partition_and_restores_preprocess(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -168,112 +116,6 @@ def test_partition_progress_ticks_each_partition_and_restores_preprocess(
     assert caplog.messages[-1].startswith("[lower] partition 3/3 (")
     assert vars(XnnpackBackend)["preprocess"] is stock
     assert "preprocess_multimethod" not in vars(XnnpackBackend)
-
-
-def test_a_pass_stays_when_its_ops_are_there() -> None:
-    assert not needed("Conv1dUnsqueezePass", {"aten.linear.default", "aten.mul.Tensor"})
-    assert needed("Conv1dUnsqueezePass", {"aten.convolution.default"})
-    assert needed("ConvertToSDPAPass", {"aten._softmax.default"})
-    assert needed("RemoveRedundantCopyPass", set())  # not listed: always runs
-    from executorch.backends.xnnpack._passes import XNNPACKPassManager
-
-    stock = {p.__name__ for p in XNNPACKPassManager(None).passes}  # type: ignore[arg-type]
-    assert set(ONLY_WITH_OPS) <= stock  # a renamed pass upstream would otherwise go unnoticed
-
-
-def test_partition_copies_share_weights_not_graphs(tiny_checkpoint: Path) -> None:
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-
-    from backends.xnnpack.lean import shared_weights
-
-    recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
-    module = prepare_module(recipe, load_model(open_checkpoint(tiny_checkpoint), 64))
-    program = export_program(module, 64)
-    with shared_weights():
-        copied = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
-    stock = XnnpackBackend.copy_exported_program_for_preprocess(program, [])  # restored on exit
-    assert copied.graph_module is not program.graph_module
-    assert copied.state_dict is not program.state_dict
-    names = list(program.state_dict)
-    assert names and all(copied.state_dict[n] is program.state_dict[n] for n in names)
-    assert all(stock.state_dict[n] is not program.state_dict[n] for n in names)
-
-
-def test_a_decomposition_round_is_skipped_only_when_it_has_nothing_to_do() -> None:
-    from torch.export import export
-
-    from backends.xnnpack.lean import idle
-
-    class Net(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.silu(x) + x.shape[1]
-
-    x = torch.randn(2, 3)
-    program = export(Net(), (x,), dynamic_shapes=({1: torch.export.Dim("n")},))
-    silu = torch.ops.aten.silu.default
-    sym_size = torch.ops.aten.sym_size.int
-    table = {silu: lambda t: t * torch.sigmoid(t), sym_size: lambda t, d: t.shape[d]}
-    assert not idle(program, {})  # the functionalizing round always runs
-    assert not idle(program, table)  # silu has a decomposition to apply
-    decomposed = program.run_decompositions(table)
-    assert idle(decomposed, table)  # what is left decomposes to itself (sym_size) or not at all
-    assert torch.equal(decomposed.module()(x), Net()(x))
-
-    class Mutating(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("count", torch.zeros(3))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.count.add_(1)
-            return x + self.count
-
-    assert not idle(export(Mutating(), (x,)), table)  # not functional yet
-
-
-def test_compact_dependencies_hold_the_same_nodes(tiny_checkpoint: Path) -> None:
-    from torch.fx.passes.infra.partitioner import _DependencyViewer
-
-    from backends.xnnpack.lean import CompactDependencyViewer
-
-    recipe = load_recipe("android-arm64", ("export.max_seq_len=64",))
-    module = prepare_module(recipe, load_model(open_checkpoint(tiny_checkpoint), 64))
-    gm = export_program(module, 64).graph_module
-    from executorch.exir.backend.canonical_partitioners.group_partitioner import (
-        _DependencyViewer as GroupViewer,
-    )
-
-    from backends.xnnpack.lean import compact_dependencies
-
-    stock, grouped, compact = _DependencyViewer(gm), GroupViewer(gm), CompactDependencyViewer(gm)
-    nodes = list(gm.graph.nodes)
-    assert any(stock.downstreams_of(n) for n in nodes)
-    for n in nodes:
-        got, up = compact.downstreams_of(n), compact.upstreams_of(n)
-        assert len(got) == len(set(got)) and set(got) == stock.downstreams_of(n)
-        assert len(up) == len(set(up)) and set(up) == grouped.upstreams_of(n)
-    # XNNPACK's partitioner builds ExecuTorch's viewer on top of torch's: both are replaced.
-    from executorch.exir.backend.canonical_partitioners import group_partitioner
-    from torch.fx.passes.infra import partitioner
-
-    with compact_dependencies():
-        assert partitioner._DependencyViewer is CompactDependencyViewer
-        assert group_partitioner._DependencyViewer is CompactDependencyViewer
-    assert group_partitioner._DependencyViewer is GroupViewer
-
-
-def test_idle_edge_passes_return_the_graph_and_are_restored() -> None:
-    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
-
-    from backends.xnnpack.lean import skip_idle_edge_passes
-
-    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))  # no aten.t in it
-    stock = NormalizeTransposePass.__call__
-    with skip_idle_edge_passes():
-        assert NormalizeTransposePass.__call__ is not stock
-        result = NormalizeTransposePass()(gm)
-        assert result.graph_module is gm and not result.modified
-    assert NormalizeTransposePass.__call__ is stock
 
 
 def test_an_8da4w_linear_computes_what_its_eager_module_computes() -> None:
