@@ -315,5 +315,21 @@ def sign(artifact_dir: Path, key: Path) -> None:
     click.echo(str(sign_artifact(artifact_dir, key)))
 
 
+@main.command(name="release")
+@click.argument("artifacts_dir", type=click.Path(path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Release folder (replaced).")
+@click.option("--key", type=click.Path(path_type=Path), help="Public key that signed every artifact.")
+def release_cmd(artifacts_dir: Path, out: Path, key: Path | None) -> None:
+    """Verify every artifact under ARTIFACTS_DIR (<model>/<target>/) and write the release: one
+    deterministic archive per target, index.json, a Hub-style folder with a model card, SHA256SUMS."""
+    from .artifact.release import release
+    from .artifact.verify import verify_artifact
+
+    _hush_unless_debug()
+    folder = release(artifacts_dir, out, lambda f: verify_artifact(f, key))
+    for path in sorted(folder.iterdir()):
+        click.echo(str(path))
+
+
 if __name__ == "__main__":
     main()
