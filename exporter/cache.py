@@ -66,7 +66,7 @@ def _copy_into_place(source: Path, target: Path) -> None:
 def lookup(job: Job) -> Path | None:
     """The job's artifact folder if a finished artifact with its key is there or in the cache."""
     if finished_key(job.out) == job.key:
-        return job.out
+        return remember(job.out)  # a cache set up after the build learns it now
     cache = cache_dir()
     if cache is not None and finished_key(cache / job.key) == job.key:
         _copy_into_place(cache / job.key, job.out)
@@ -93,4 +93,3 @@ def remember(folder: Path) -> Path:
     if cache is not None and key is not None and finished_key(cache / key) != key:
         _copy_into_place(folder, cache / key)
     return folder
-

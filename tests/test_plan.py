@@ -222,6 +222,17 @@ def test_cache_folder_stores_and_serves(tmp_path: Path, monkeypatch: pytest.Monk
     assert cache.cache_dir() == store and (store / "digests.json").is_file()
 
 
+def test_an_artifact_found_in_place_is_copied_into_a_new_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = plan_job("android-arm64", out=tmp_path / "a")
+    fake_artifact(job.out, job.key)
+    monkeypatch.setenv(plan.CACHE_ENV, str(tmp_path / "store"))
+    assert not (tmp_path / "store" / job.key).exists()
+    assert reuse("android-arm64", None, tmp_path / "a", ()) is not None
+    assert finished_key(tmp_path / "store" / job.key) == job.key
+
+
 @pytest.mark.slow
 def test_a_real_build_records_its_key_and_is_reused(tiny_checkpoint: Path, tiny_artifact: Path) -> None:
     """The session's tiny build (conftest) carries the key the plan computes, and a second build of
