@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,7 @@ class Checkpoint:
 def open_checkpoint(path: Path) -> Checkpoint:
     """Read and check config.json, locate weights and tokenizer. Cheap: no tensor data is read."""
     path = Path(path)
-    if not path.is_dir():
+    if not _exists(path, folder=True):
         raise CheckpointError(path, "checkpoint folder not found")
     config = _read_config(path / "config.json")
     architecture = _architecture(path / "config.json", config)
@@ -71,13 +72,31 @@ def open_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(path, path.name, architecture, args, config, _weight_files(path), tokenizer)
 
 
+def _exists(path: Path, folder: bool = False) -> bool:
+    """``is_dir``/``is_file``, where a name the OS refuses (too long) is no such file, not an OSError."""
+    try:
+        return path.is_dir() if folder else path.is_file()
+    except OSError:
+        return False
+
+
+def read_json(file: Path) -> Any:
+    """A JSON file, any way it cannot be read a CheckpointError: besides JSONDecodeError, json raises
+    a plain ValueError for integers past Python's digit limit and RecursionError for deep nesting."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CheckpointError(file, f"cannot read ({e.strerror or e})") from e
+    except RecursionError as e:
+        raise CheckpointError(file, "not valid JSON (nested too deeply)") from e
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(file, f"not valid JSON ({e})") from e
+
+
 def _read_config(file: Path) -> dict[str, Any]:
     if not file.is_file():
         raise CheckpointError(file, "config.json missing from the checkpoint folder")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(file, f"not valid JSON ({e})") from e
+    config = read_json(file)
     if not isinstance(config, dict):
         raise CheckpointError(file, "expected a JSON object")
     return config
@@ -88,7 +107,7 @@ def _architecture(file: Path, config: dict[str, Any]) -> str:
     if not isinstance(archs, list) or len(archs) != 1:
         raise CheckpointError(file, f"'architectures' must list one architecture, got {archs!r}")
     arch = archs[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHITECTURES:
         supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
         raise CheckpointError(file, f"unsupported architecture {arch!r} (supported: {supported})")
     return str(arch)
@@ -99,10 +118,26 @@ def _field(file: Path, config: dict[str, Any], key: str, kind: type, default: An
     if value is None:
         raise CheckpointError(file, f"required field {key!r} missing")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        value = float(value) if abs(value) < 2**1023 else math.inf  # float() of a larger int raises
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise CheckpointError(file, f"field {key!r} must be {kind.__name__}, got {value!r}")
     return value
+
+
+def _positive(file: Path, config: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """A size (int) or a scale (float): no model has a zero, negative, infinite or NaN one, nor a size
+    that torch's 32-bit index arithmetic cannot hold."""
+    value = _field(file, config, key, kind, default)
+    if not (value > 0 and (value < 2**31 if kind is int else math.isfinite(value))):
+        raise CheckpointError(file, f"field {key!r} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _flag(file: Path, config: dict[str, Any], key: str) -> bool:
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(file, f"field {key!r} must be true or false, got {value!r}")
+    return bool(value)
 
 
 def config_to_args(file: Path, config: dict[str, Any], family: str) -> ModelArgs:
@@ -110,28 +145,31 @@ def config_to_args(file: Path, config: dict[str, Any], family: str) -> ModelArgs
     for key, ok in (("hidden_act", "silu"), ("mlp_bias", False), ("use_sliding_window", False)):
         if key in config and config[key] not in (ok, None):
             raise CheckpointError(file, f"unsupported {key}={config[key]!r} (only {ok!r})")
-    dim = _field(file, config, "hidden_size", int)
-    n_heads = _field(file, config, "num_attention_heads", int)
-    n_kv = _field(file, config, "num_key_value_heads", int, n_heads)
-    head_dim = config.get("head_dim") or dim // n_heads
+    dim = _positive(file, config, "hidden_size", int)
+    n_heads = _positive(file, config, "num_attention_heads", int)
+    n_kv = _positive(file, config, "num_key_value_heads", int, n_heads)
+    if config.get("head_dim") is not None:
+        head_dim = _positive(file, config, "head_dim", int)
+    elif (head_dim := dim // n_heads) == 0:
+        raise CheckpointError(file, f"hidden_size {dim} is smaller than num_attention_heads {n_heads}")
     theta, scaling = _rope(file, config)
     try:
         return ModelArgs(
             dim=dim,
-            n_layers=_field(file, config, "num_hidden_layers", int),
+            n_layers=_positive(file, config, "num_hidden_layers", int),
             n_heads=n_heads,
             n_kv_heads=n_kv,
-            head_dim=int(head_dim),
-            hidden_dim=_field(file, config, "intermediate_size", int),
-            vocab_size=_field(file, config, "vocab_size", int),
-            norm_eps=_field(file, config, "rms_norm_eps", float, 1e-6),
+            head_dim=head_dim,
+            hidden_dim=_positive(file, config, "intermediate_size", int),
+            vocab_size=_positive(file, config, "vocab_size", int),
+            norm_eps=_positive(file, config, "rms_norm_eps", float, 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
             # Qwen2 always has q/k/v bias; Llama and Qwen3 say so in `attention_bias`.
-            attention_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+            attention_bias=family == "qwen2" or _flag(file, config, "attention_bias"),
             qk_norm=family == "qwen3",
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            max_position_embeddings=_field(file, config, "max_position_embeddings", int, 2048),
+            tie_word_embeddings=_flag(file, config, "tie_word_embeddings"),
+            max_position_embeddings=_positive(file, config, "max_position_embeddings", int, 2048),
         )
     except ValueError as e:
         raise CheckpointError(file, str(e)) from e
@@ -139,8 +177,10 @@ def config_to_args(file: Path, config: dict[str, Any], family: str) -> ModelArgs
 
 def _rope(file: Path, config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     # transformers >= 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise CheckpointError(file, f"rope_parameters must be a JSON object, got {params!r}")
+    theta = _positive(file, {"rope_theta": config.get("rope_theta", 10000.0), **params}, "rope_theta", float)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
@@ -148,23 +188,19 @@ def _rope(file: Path, config: dict[str, Any]) -> tuple[float, RopeScaling | None
         raise CheckpointError(file, f"unsupported rope type {kind!r} (supported: default, llama3)")
     try:
         return theta, RopeScaling(
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+            factor=_positive(file, params, "factor", float),
+            low_freq_factor=_positive(file, params, "low_freq_factor", float),
+            high_freq_factor=_positive(file, params, "high_freq_factor", float),
+            original_max_position_embeddings=_positive(file, params, "original_max_position_embeddings", int),
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(file, f"llama3 rope scaling field missing or invalid: {e}") from e
+    except CheckpointError as e:
+        raise CheckpointError(file, f"llama3 rope scaling: {e.message}") from e
 
 
 def _weight_files(path: Path) -> tuple[Path, ...]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(index, f"invalid safetensors index ({e})") from e
-        files = tuple(path / name for name in sorted(set(weight_map.values())))
+        files = tuple(path / name for name in _shard_names(index))
     else:
         files = tuple(sorted(path.glob("*.safetensors")))
     if not files:
@@ -172,9 +208,25 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
             path, "no *.safetensors weights found (pickled .bin checkpoints are not loaded)"
         )
     for file in files:
-        if not file.is_file():
+        if not _exists(file):
             raise CheckpointError(file, "weight shard listed in the index is missing")
     return files
+
+
+def _shard_names(index: Path) -> list[str]:
+    """The shard files an index's weight_map names: file names in the checkpoint folder, nothing that
+    reaches outside it (``../x``, absolute paths)."""
+    data = read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(
+            index, "invalid safetensors index (weight_map must map tensor names to file names)"
+        )
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise CheckpointError(index, f"shard {name!r} is not a file name in the checkpoint folder")
+    return names
 
 
 def hf_to_ours(name: str) -> str | None:

@@ -178,3 +178,74 @@ def test_wrong_tensor_shape(tiny_copy: Path) -> None:
 def test_unexpected_tensor(tiny_copy: Path) -> None:
     _rewrite_weights(tiny_copy, lambda t: t.update({"model.layers.0.mystery.weight": torch.zeros(2)}))
     _expect(tiny_copy, "model.safetensors", "unexpected tensor", load=True)
+
+
+# Escapes the fuzz tests (tests/fuzz/test_fuzz_checkpoint.py) found: each was another exception, or a
+# checkpoint that opened with sizes no model has, before.
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # RecursionError from json
+        ('{"hidden_size": ' + "9" * 5000 + "}", "not valid JSON"),  # ValueError: int digit limit
+    ],
+    ids=["deep-nesting", "huge-integer"],
+)
+def test_json_that_json_refuses_oddly(tiny_copy: Path, text: str, words: str) -> None:
+    (tiny_copy / "config.json").write_text(text)
+    _expect(tiny_copy, "config.json", words)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"num_attention_heads": 0}, "'num_attention_heads' must be a positive"),  # ZeroDivisionError
+        ({"num_key_value_heads": 0}, "'num_key_value_heads' must be a positive"),  # ZeroDivisionError
+        ({"hidden_size": -64}, "'hidden_size' must be a positive"),  # opened with a negative size
+        ({"vocab_size": 2**40}, "'vocab_size' must be a positive"),  # torch overflow at load
+        ({"head_dim": [32]}, "'head_dim' must be int"),  # TypeError from int()
+        ({"head_dim": None, "num_attention_heads": 128}, "hidden_size 64 is smaller than num_attention_"),
+        ({"rms_norm_eps": float("nan")}, "'rms_norm_eps' must be a positive finite"),
+        ({"rope_parameters": {"rope_theta": "big"}}, "'rope_theta' must be float"),  # ValueError
+        ({"rope_parameters": [1, 2]}, "rope_parameters must be a JSON object"),  # TypeError from dict()
+        ({"architectures": [["LlamaForCausalLM"]]}, "unsupported architecture"),  # unhashable list
+        ({"tie_word_embeddings": "false"}, "must be true or false"),  # read as True before
+    ],
+)
+def test_config_values_no_model_has(tiny_copy: Path, changes: dict[str, Any], words: str) -> None:
+    _edit_config(tiny_copy, **changes)
+    _expect(tiny_copy, "config.json", words)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("factor", 0), ("original_max_position_embeddings", 10**40), ("high_freq_factor", float("inf"))],
+)
+def test_llama3_rope_values_no_model_has(tiny_copy: Path, field: str, value: float) -> None:
+    rope = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0, "low_freq_factor": 1.0}
+    rope |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 64, field: value}
+    _edit_config(tiny_copy, rope_parameters=rope)
+    _expect(tiny_copy, "config.json", f"llama3 rope scaling: field {field!r} must be a positive")
+
+
+@pytest.mark.parametrize(
+    "shard", ["../model.safetensors", "/etc/passwd", "sub/../model.safetensors", "..", ""]
+)
+def test_index_naming_files_outside_the_folder_is_refused(tiny_copy: Path, shard: str) -> None:
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": shard}}
+    (tiny_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    _expect(tiny_copy, "model.safetensors.index.json", "is not a file name in the checkpoint folder")
+
+
+@pytest.mark.parametrize("weight_map", [["model.safetensors"], {"a": 3}, None])
+def test_index_with_a_malformed_weight_map(tiny_copy: Path, weight_map: Any) -> None:
+    index = {"metadata": {}, "weight_map": weight_map}
+    (tiny_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    _expect(tiny_copy, "model.safetensors.index.json", "weight_map must map tensor names to file names")
+
+
+def test_index_naming_a_shard_too_long_for_the_os(tiny_copy: Path) -> None:
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "x" * 5000}}
+    (tiny_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    _expect(tiny_copy, "x" * 5000, "weight shard listed in the index is missing")  # OSError before
