@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from exporter.artifact.verify import verify_artifact
 from exporter.checkpoint import load_model, open_checkpoint
 from exporter.errors import ValidationError
 from exporter.pipeline import build, failed_path
@@ -109,6 +110,20 @@ def test_server_pt2_chats(smollm2: tuple[Path, Path], real_artifacts: Path) -> N
     folder = build("server-x86-fp32", checkpoint=smollm2[0], out=real_artifacts)
     result = generate(folder, QUESTION, max_new_tokens=48, chat=True)
     assert "Paris" in result.text and result.stopped_at_eos, result
+    report = verify_artifact(folder)  # torch version, CPU ISA and golden vectors of the .pt2
+    assert report.ok and report.checks[-1].name == "golden vectors", report.to_dict()
+
+
+def test_reference_artifact_verifies_with_its_golden_vectors(reference: Path) -> None:
+    report = verify_artifact(reference)
+    assert report.ok and report.checks[-1].name == "golden vectors", report.to_dict()
+    golden = json.loads((reference / "golden.json").read_text())
+    manifest = json.loads((reference / "manifest.json").read_text())
+    # one case per gate prompt, the chat-formatted ones (what an app sends first) included
+    rendered = manifest["validation"]["chat_prompts"]
+    assert rendered and len(golden["cases"]) == len(manifest["validation"]["thresholds"]["prompts"]) + len(
+        rendered
+    )
 
 
 def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_artifacts: Path) -> None:
