@@ -90,12 +90,18 @@ def check_torch_matches(manifest: dict[str, Any], model_file: Path) -> None:
 
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise ArtifactError(folder, "not an artifact folder (no manifest.json)")
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(folder, "not an artifact folder (no manifest.json)") from None
+    except OSError as e:  # a name the OS refuses (too long), a manifest.json that is a folder
+        raise ArtifactError(path, f"cannot read ({e.strerror or e})") from e
+    except RecursionError as e:  # json's parser recurses
+        raise ArtifactError(path, "not valid JSON (nested too deeply)") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, integers past the digit limit
         raise ArtifactError(path, f"not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ArtifactError(path, f"expected a JSON object, got {type(data).__name__}")
     if data.get("schema_version") != SCHEMA_VERSION:
         raise ArtifactError(
             path, f"schema_version {data.get('schema_version')!r}, this exporter reads {SCHEMA_VERSION}"

@@ -116,7 +116,9 @@ def _json(path: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError as e:  # json's parser recurses
+        raise CheckpointError(path, "not valid JSON (nested too deeply)") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, integers past the digit limit
         raise CheckpointError(path, f"not valid JSON ({e})") from e
     return data if isinstance(data, dict) else {}
 

@@ -462,3 +462,21 @@ def test_from_dict_malformed(styled: Callable[[str], Path], change: dict[str, An
     _, info = info_of(styled("llama3"))
     with pytest.raises(ArtifactError, match="rebuild the artifact"):
         TokenizerInfo.from_dict(info.path, {**info.to_dict(), **change})
+
+
+# Escapes the fuzz tests (tests/fuzz/test_fuzz_tokenizer.py) found: RecursionError and a plain
+# ValueError (Python's int digit limit) came out of json before.
+@pytest.mark.parametrize("file", ["tokenizer_config.json", "generation_config.json"])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("[" * 100_000 + "]" * 100_000, "nested too deeply"), ("[" + "9" * 5000 + "]", "not valid JSON")],
+    ids=["deep-nesting", "huge-integer"],
+)
+def test_json_that_json_refuses_oddly(
+    copy_of: Callable[[str], Path], file: str, text: str, words: str
+) -> None:
+    folder = copy_of("llama3")
+    (folder / file).write_text(text)
+    with pytest.raises(CheckpointError, match=words) as e:
+        info_of(folder)
+    assert e.value.path == folder / file
