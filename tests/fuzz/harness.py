@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,6 +22,8 @@ T = TypeVar("T")
 
 # target -> cases run in this session; printed at the end of the run (tests/fuzz/conftest.py)
 CASES: Counter[str] = Counter()
+# FUZZ_SCALE=10 (with HYPOTHESIS_PROFILE=explore) runs ten times the cases CI runs
+SCALE = int(os.environ.get("FUZZ_SCALE", "1"))
 
 
 def expect_clean(call: Callable[[], T]) -> T | ExporterError:
@@ -36,7 +39,7 @@ def expect_clean(call: Callable[[], T]) -> T | ExporterError:
 
 def fuzz(target: str, examples: int, strategy: st.SearchStrategy[T], check: Callable[[T], None]) -> None:
     """Run ``check`` on ``examples`` generated values (settings from the loaded profile) and count them."""
-    ran = 0
+    ran, examples = 0, examples * SCALE
 
     @settings(max_examples=examples)
     @given(strategy)

@@ -118,7 +118,7 @@ def test_recipe_files_with_one_key_changed() -> None:
         name, key, action, value = case
         _load_file(toml_document(_mutated(SHIPPED[name], key, action, value)))
 
-    fuzz("recipe: TOML with one key changed", 1500, MUTATIONS, check)
+    fuzz("recipe: TOML with one key changed", 1000, MUTATIONS, check)
 
 
 def test_recipe_files_of_arbitrary_text_and_bytes() -> None:
@@ -128,7 +128,7 @@ def test_recipe_files_of_arbitrary_text_and_bytes() -> None:
         | st.builds(toml_document, st.dictionaries(st.text(max_size=8), TOML_VALUES, max_size=6))
         | st.sampled_from(["v = " + "1" * 5000, "v = " + "[" * 5000 + "]" * 5000, "a" + ".a" * 5000 + " = 1"])
     )
-    fuzz("recipe: arbitrary text and bytes", 600, content, _load_file)
+    fuzz("recipe: arbitrary text and bytes", 400, content, _load_file)
 
 
 @pytest.mark.parametrize("name", ["android-arm64", "server-x86-int4"])
@@ -145,7 +145,7 @@ def test_recipe_overrides(name: str) -> None:
         result = expect_clean(lambda: load_recipe(name, tuple(overrides)))
         assert isinstance(result, Recipe | RecipeError)
 
-    fuzz(f"recipe: --set overrides on {name}", 500, st.lists(item, min_size=1, max_size=3), check)
+    fuzz(f"recipe: --set overrides on {name}", 300, st.lists(item, min_size=1, max_size=3), check)
 
 
 def test_recipe_names_and_paths() -> None:
@@ -155,4 +155,4 @@ def test_recipe_names_and_paths() -> None:
         result = expect_clean(lambda: load_recipe(name))
         assert isinstance(result, Recipe | RecipeError)
 
-    fuzz("recipe: names and paths", 300, names, check)
+    fuzz("recipe: names and paths", 200, names, check)

@@ -100,7 +100,7 @@ def test_tokenizer_config_and_generation_config() -> None:
         | st.tuples(st.sampled_from(FILES[1:]), st.builds(json_text, JSON_VALUES) | st.binary())
         | st.tuples(st.sampled_from(FILES[1:]), st.sampled_from([deep_json(100_000), "[" + "9" * 5000 + "]"]))
     )
-    fuzz("tokenizer: tokenizer_config.json and generation_config.json", 500, cases, _check_file)
+    fuzz("tokenizer: tokenizer_config.json and generation_config.json", 300, cases, _check_file)
 
 
 def test_special_tokens_map_and_chat_template_files() -> None:
@@ -109,7 +109,7 @@ def test_special_tokens_map_and_chat_template_files() -> None:
         st.just("special_tokens_map.json"),
         st.builds(json_text, st.dictionaries(names, TOKEN_VALUES, max_size=3) | JSON_VALUES) | st.binary(),
     ) | st.tuples(st.just("chat_template.jinja"), st.text() | st.binary())
-    fuzz("tokenizer: special_tokens_map.json and chat_template.jinja", 300, cases, _check_file)
+    fuzz("tokenizer: special_tokens_map.json and chat_template.jinja", 200, cases, _check_file)
 
 
 def test_token_ids_in_config_json() -> None:
@@ -119,7 +119,7 @@ def test_token_ids_in_config_json() -> None:
         config = {k: v for k, v in CONFIG.items() if k not in ("bos_token_id", "eos_token_id")}
         describe({}, {**config, **changes})
 
-    fuzz("tokenizer: token ids in config.json", 300, ids, check)
+    fuzz("tokenizer: token ids in config.json", 200, ids, check)
 
 
 def test_tokenizer_json() -> None:
@@ -136,4 +136,4 @@ def test_tokenizer_json() -> None:
         | st.tuples(st.just("tokenizer.json"), st.builds(json_text, JSON_VALUES) | st.binary())
         | st.tuples(st.just("tokenizer.json"), st.sampled_from([deep_json(100_000), "[" + "9" * 5000 + "]"]))
     )
-    fuzz("tokenizer: tokenizer.json", 250, cases, _check_file)
+    fuzz("tokenizer: tokenizer.json", 200, cases, _check_file)
