@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from exporter.errors import ExporterError
+from exporter.pipeline import DEFAULT_CHECKPOINT
 from exporter.publish import is_whole, leftovers, lock_path, make_staging, publish, target_lock
 
 # A child that holds a target's lock until its stdin says so (or runs into it, logging to stderr).
@@ -261,10 +263,10 @@ STAGE_DONE = re.compile(r"^\[(\w+)\] done in ")
 class Build:
     """``python -m exporter build`` in its own process group, its stderr collected line by line."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, checkpoint: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "EXPORTER_CACHE"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", *BUILD, "--out", str(out)],
+            [sys.executable, "-m", "exporter", *BUILD, "--checkpoint", str(checkpoint), "--out", str(out)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -285,10 +287,17 @@ class Build:
         with self.changed:
             self.changed.notify_all()
 
-    def wait_for_line(self, line: str) -> bool:
-        """Block until ``line`` appears on stderr; False if the build ended first."""
+    def wait_for_line(self, start: str) -> bool:
+        """Block until a line starting with ``start`` appears on stderr; False if the build ended first."""
+
+        def seen() -> bool:
+            return any(line.startswith(start) for line in self.lines)
+
         with self.changed:
-            return self.changed.wait_for(lambda: line in self.lines or not self.reader.is_alive())
+            return self.changed.wait_for(lambda: seen() or not self.reader.is_alive()) and seen()
+
+    def log(self) -> str:
+        return "\n".join(self.lines)
 
     def kill(self) -> bool:
         """SIGKILL the build's process group; True if it was still running."""
@@ -302,29 +311,35 @@ class Build:
 
 @pytest.mark.slow
 def test_builds_killed_at_any_moment_leave_the_previous_artifact_whole(tmp_path: Path) -> None:
+    # a copy of the shipped model: every build of the test reads the same bytes
+    ckpt = Path(shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "ckpt" / DEFAULT_CHECKPOINT.name))
+    out = tmp_path / "out"
     start = time.perf_counter()
-    first = Build(tmp_path)
-    assert first.proc.wait(timeout=1800) == 0, "\n".join(first.lines)
+    first = Build(out, ckpt)
+    assert first.proc.wait(timeout=1800) == 0, first.log()
     first.reader.join(timeout=120)
     seconds = time.perf_counter() - start
-    (target,) = (tmp_path / "pycode-4m").glob("android-arm64")
+    (target,) = (out / ckpt.name).glob("android-arm64")
     assert_whole(target)
 
     # every stage's start, then the last line before publishing, then seeded moments of a build
     stages = [line for line in first.lines if STAGE_START.match(line)]
-    last_done = [line for line in first.lines if STAGE_DONE.match(line)][-1]
+    last_done = [line.split(" done in ")[0] for line in first.lines if STAGE_DONE.match(line)][-1]
     rng = random.Random(5)
-    points: list[tuple[str, float]] = [(line, 0.0) for line in stages] + [(last_done, 0.0)]
+    points: list[tuple[str, float]] = [(line, 0.0) for line in stages] + [(f"{last_done} done in ", 0.0)]
     points += [("", rng.uniform(0.05, 0.95) * seconds) for _ in range(2)]
-    killed, published = 0, (target / "manifest.json").read_bytes()
+    killed, cleaned, published, left = 0, 0, (target / "manifest.json").read_bytes(), set[str]()
     for line, delay in points:
-        build = Build(tmp_path)
+        build = Build(out, ckpt)
         if line:
-            assert build.wait_for_line(line), f"never logged {line!r}:\n" + "\n".join(build.lines)
-            # the lock is taken before any stage starts: what the last kill left is gone now
-            assert len([p for p in tmp_path.joinpath("pycode-4m").iterdir() if ".tmp-" in p.name]) == 1
+            assert build.wait_for_line(line), f"never logged {line!r}:\n{build.log()}"
+            # the lock is taken before the first stage starts: what the last kill left is gone now
+            assert not left & {p.name for p in target.parent.iterdir()}, build.log()
+            cleaned += len(left)
         time.sleep(delay)
         killed += build.kill()
+        assert build.proc.returncode in (0, -signal.SIGKILL), build.log()
+        left = {p.name for p in target.parent.iterdir()} - {target.name, lock_path(target).name}
         if target.exists():
             assert_whole(target)
             if line in stages:  # killed before publishing: the previous artifact, byte for byte
@@ -332,11 +347,12 @@ def test_builds_killed_at_any_moment_leave_the_previous_artifact_whole(tmp_path:
             published = (target / "manifest.json").read_bytes()
         else:  # killed between the two renames: the whole previous artifact is beside it
             assert any(is_whole(p) for p in target.parent.glob(".android-arm64.old-*"))
-    print(f"kill points: {killed} killed of {len(points)} tried, survived {len(points)}")
+    print(f"kill points: {killed} killed of {len(points)} tried, all survived; {cleaned} leftovers cleaned")
 
-    last = Build(tmp_path)
-    assert last.proc.wait(timeout=1800) == 0, "\n".join(last.lines)
+    last = Build(out, ckpt)
+    assert last.proc.wait(timeout=1800) == 0, last.log()
     last.reader.join(timeout=120)
     assert_whole(target)
     assert sorted(p.name for p in target.parent.iterdir()) == [".android-arm64.lock", "android-arm64"]
     assert killed >= len(stages)  # the stage-boundary kills all landed inside a running build
+    assert cleaned >= len(stages)  # each left its staging folder, which the next build removed
