@@ -7,7 +7,7 @@ MODEL  ?=
 OUT    ?= artifacts
 BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
 
-.PHONY: export android ios linux-arm64 reference server bench bench-peer sweep test test-fast lint clean artifacts
+.PHONY: export android ios linux-arm64 reference release server bench bench-peer sweep test test-fast lint clean artifacts
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ linux-arm64: $(VENV)/.installed
 
 reference: $(VENV)/.installed
 	$(BUILD) reference-fp32
+
+# The default artifacts as an app-team release in OUT/release (every artifact under OUT verified
+# first; one deterministic archive per target, index.json, a Hub-style folder, SHA256SUMS).
+release: export
+	$(BIN)/exporter release $(OUT) --out $(OUT)/release
+	cd $(OUT)/release && sha256sum -c --quiet SHA256SUMS
 
 # Every job of `exporter plan` (MODELS x RECIPES, default: the shipped model x every recipe) as its own
 # make target, so `make artifacts -j2` runs two builds at a time; a job whose build key matches a

@@ -35,6 +35,7 @@ from .quantize import precision_map, quantize_model
 from .recipe import Recipe, check_fits, load_recipe, recipe_path
 from .runtime import native_logs_captured
 from .stream import DTYPES, stream_module
+from .threads import fixed_threads
 from .tokenizer import TokenizerInfo, load_tokenizer, tokenizer_info
 from .transforms import for_export
 from .tune import calibration_ids, check_tuning_memory, needs_whole_model, tuned_module
@@ -195,7 +196,8 @@ def _build_into(
     Returns the manifest (what follows from the inputs) and the build record (what varies)."""
     recipe, ckpt, gate = inputs.recipe, inputs.checkpoint, inputs.gate
     timings: dict[str, Any] = {}
-    with stage(timings, "load_quantize"):
+    measuring = recipe.validation.threads  # the reference logits are computed while loading
+    with stage(timings, "load_quantize"), fixed_threads(measuring):
         check_finite(ckpt)
         tuning: dict[str, Any] = {}
         if needs_whole_model(recipe):
@@ -217,7 +219,7 @@ def _build_into(
             lean_lowering=recipe.export.lean_lowering,
         )
         release_memory()
-    with stage(timings, "validate"), native_logs_captured():
+    with stage(timings, "validate"), native_logs_captured(), fixed_threads(measuring):
         # No local name for the loaded artifact: ``validate`` drops the last reference to it before
         # eager runs, so the two are never resident together.
         figures = validate(
@@ -232,7 +234,7 @@ def _build_into(
     quantization = {"precision": precision, **({"tuning": tuning} if tuning else {})}
     if not figures["passed"]:
         raise _gate_failed(inputs, figures, timings, quantization)
-    with stage(timings, "golden"), native_logs_captured():
+    with stage(timings, "golden"), native_logs_captured(), fixed_threads(measuring):
         golden = make_golden(backend.load(lowered.path), gate.prompts, GOLDEN_DECODE_STEPS)
         write_sealed(staging / GOLDEN, golden)
     shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")

@@ -210,8 +210,12 @@ class ValidationSettings:
     clear_margin: float = 1.0
     min_top1_agreement: float = 0.99
     max_perplexity_ratio: float = 1.01
+    # torch threads of every stage that measures (fp32 reference logits, the gate, golden vectors):
+    # float sums depend on the count, and the manifest must not depend on the machine's cores
+    threads: int = 2
 
     def __post_init__(self) -> None:
+        _positive("threads", self.threads)
         if not self.prompts or any(not p for p in self.prompts):
             raise _Invalid("prompts", "must list at least one non-empty prompt")
         if any(not p for p in self.chat_prompts):
