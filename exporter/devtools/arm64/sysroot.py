@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,12 +20,15 @@ from pathlib import Path
 
 from exporter.errors import ExporterError
 
+from .stubs import UNVERSIONED, Needs, build_commands, merge_needs, read_needs, stub_source, version_script
+
 # python3.11 lives in bookworm; the stdlib of the emulated Python must match the wheels' cp311 tag.
 DEBIAN_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-# python3.11's closure plus what the wheels' native code links (C++ runtime, OpenMP).
-DEBIAN_ROOTS = ("python3.11", "libstdc++6", "libgomp1")
+# python3.11's closure plus what the wheels' native code links (C++ runtime, OpenMP, atomics); the
+# stamp names their count, so a cache made with fewer roots is completed.
+DEBIAN_ROOTS = ("python3.11", "libstdc++6", "libgomp1", "libatomic1")
 WHEEL_PLATFORM = "manylinux_2_28_aarch64"
 # Same versions as the x86 side: a difference between the two runs must come from the CPU.
 PINNED_FROM_HOST = ("torch", "executorch", "torchao")
@@ -47,6 +49,7 @@ RUNTIME_DEPS = (
     "fsspec",
     "packaging",
 )
+READELF = ("aarch64-linux-gnu-readelf", "-d", "-V", "--dyn-syms", "-W")
 REQUIRED_TOOLS = {
     "qemu-aarch64-static": "qemu-user-static",
     "aarch64-linux-gnu-as": "binutils-aarch64-linux-gnu",
@@ -183,62 +186,38 @@ def install_wheels(site: Path) -> None:
     run_tool([sys.executable, "-m", "pip", "install", "--quiet", "--upgrade", *target, *wheel_only, *pins])
 
 
-def needed_versions(readelf_output: str) -> dict[str, set[str]]:
-    """From ``readelf -d -V``: every NEEDED library and the version nodes the file asks of it."""
-    needed: dict[str, set[str]] = {}
-    for lib in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", readelf_output):
-        needed.setdefault(lib, set())
-    current = None
-    for line in readelf_output.splitlines():
-        if m := re.search(r"File: (\S+)", line):
-            current = m.group(1)
-        elif current and (m := re.search(r"Name: (\S+)\s+Flags", line)):
-            needed.setdefault(current, set()).add(m.group(1))
-    return needed
-
-
-def version_script(nodes: set[str]) -> str:
-    return "".join(f"{node} {{ }};\n" for node in sorted(nodes)) or "{ };\n"
-
-
-def missing_libraries(site: Path, sysroot: Path) -> dict[str, set[str]]:
+def missing_libraries(site: Path, sysroot: Path) -> Needs:
     """Libraries the wheels' native code links that neither the wheels nor the sysroot ship (the
-    CUDA runtime of the aarch64 torch wheel), with the version nodes asked of each."""
-    present = {p.name for base in (site, sysroot) for p in base.rglob("*.so*")}
-    missing: dict[str, set[str]] = {}
+    CUDA runtime of the aarch64 torch wheel), with what is bound from each."""
+    stubbed = {p.stem for p in (sysroot.parent / "stub-build").glob("*.map")}  # earlier runs' stubs
+    present = {p.name for base in (site, sysroot) for p in base.rglob("*.so*")} - stubbed
+    needs: Needs = {}
+    defined: set[str] = set()
     for lib in sorted(site.rglob("*.so*")):
-        if not lib.is_file() or lib.is_symlink():
-            continue
-        out = run_tool(["aarch64-linux-gnu-readelf", "-d", "-V", "-W", lib])
-        for name, nodes in needed_versions(out).items():
-            if name not in present:
-                missing.setdefault(name, set()).update(nodes)
+        if lib.is_file() and not lib.is_symlink():
+            file_needs, file_defines = read_needs(run_tool([*READELF, lib]))
+            merge_needs(needs, file_needs)
+            defined |= file_defines
+    # The Python C API (defined by the interpreter) and the system libraries must never be stubbed.
+    system = [sysroot / "usr/bin/python3.11", *(sysroot / "usr/lib/aarch64-linux-gnu").glob("*.so*")]
+    for lib in system:
+        if lib.is_file() and not lib.is_symlink() and lib.name not in stubbed:
+            defined |= read_needs(run_tool([*READELF, lib]))[1]
+    missing = {lib: nodes for lib, nodes in needs.items() if lib not in present}
+    for nodes in missing.values():
+        nodes[UNVERSIONED] = nodes.get(UNVERSIONED, set()) - defined
     return missing
 
 
-def write_stubs(sysroot: Path, missing: dict[str, set[str]]) -> None:
-    """Empty shared objects with the right soname and version nodes: enough for the dynamic loader,
-    and nothing calls into CUDA on a CPU run."""
+def write_stubs(sysroot: Path, missing: Needs) -> None:
     libdir = sysroot / "usr" / "lib" / "aarch64-linux-gnu"
     work = sysroot.parent / "stub-build"
     work.mkdir(parents=True, exist_ok=True)
-    empty = work / "empty.o"
-    (work / "empty.s").write_text("")
-    run_tool(["aarch64-linux-gnu-as", work / "empty.s", "-o", empty])
     for name, nodes in missing.items():
-        script = work / f"{name}.map"
-        script.write_text(version_script(nodes))
-        run_tool(
-            [
-                "aarch64-linux-gnu-ld",
-                "-shared",
-                f"-soname={name}",
-                f"--version-script={script}",
-                "-o",
-                libdir / name,
-                empty,
-            ]
-        )
+        (work / f"{name}.s").write_text(stub_source(set().union(*nodes.values())))
+        (work / f"{name}.map").write_text(version_script(nodes))
+        for command in build_commands(name, work, libdir / name):
+            run_tool(command)
 
 
 def write_stub_step(site: Path, sysroot: Path) -> None:
@@ -252,7 +231,7 @@ def set_up(root: Path | None = None, log: Callable[[str], None] = print) -> Sysr
     sysroot, site = root / "sysroot", root / "sysroot" / "opt" / "site-packages"
     for name, step in (
         ("apt-update", lambda: apt_update(root)),
-        ("debian", lambda: unpack_debian(root, sysroot)),
+        (f"debian-{len(DEBIAN_ROOTS)}-roots", lambda: unpack_debian(root, sysroot)),
         ("wheels", lambda: install_wheels(site)),
         ("stubs", lambda: write_stub_step(site, sysroot)),
     ):
