@@ -2,7 +2,8 @@
 
 Beside a target ``T`` (``artifacts/<model>/<recipe>``) in its parent folder live, hidden:
 
-- ``.T.lock``      the per-target lock (``filelock``: ``flock`` on POSIX), held for a whole build;
+- ``.T.lock``      the per-target lock (``filelock``: ``flock`` on POSIX), held for a whole build
+                   and removed at its end (a killed build leaves it; it blocks nobody);
 - ``.T.tmp-XXXX``  the staging folder a build writes into;
 - ``.T.old-PID``   the previous artifact, for the moment between the two renames of the swap.
 
@@ -41,7 +42,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -103,6 +104,11 @@ def target_lock(target: Path, timeout_s: float | None = None) -> Iterator[None]:
         remove_leftovers(target)
         yield
     finally:
+        # Unlinked while still held, so a finished build leaves no lock file: a waiter that then
+        # takes the unlinked inode sees it has no name and retries on the path (filelock checks
+        # st_nlink after flock; tested with concurrent processes in tests/test_publish.py).
+        with suppress(OSError):
+            path.unlink()
         lock.release()
 
 

@@ -140,6 +140,35 @@ def test_the_lock_timeout_comes_from_the_environment(tmp_path: Path, monkeypatch
         pass
 
 
+# Processes that each take a target's lock many times and check that nobody else is inside.
+CONTENDER = """
+import os, sys
+from pathlib import Path
+from exporter.publish import target_lock
+target, inside = Path(sys.argv[1]), Path(sys.argv[2])
+for _ in range(int(sys.argv[3])):
+    with target_lock(target, timeout_s=120):
+        fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # raises if another holder is in
+        os.close(fd)
+        os.unlink(inside)
+"""
+
+
+def test_removing_the_lock_file_on_release_keeps_holders_exclusive(tmp_path: Path) -> None:
+    """Each release unlinks the lock file while held; waiters on the old inode must retry on the
+    path rather than enter beside a holder of the new one."""
+    target, inside = tmp_path / "model" / "recipe", tmp_path / "inside"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONTENDER, str(target), str(inside), "500"], stderr=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    errors = [p.communicate(timeout=600)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(errors)
+    assert not lock_path(target).exists() and not inside.exists()
+
+
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path: Path) -> None:
     target = tmp_path / "model" / "recipe"
     holder = start_holder(target)
@@ -164,7 +193,7 @@ def test_taking_the_lock_removes_what_killed_builds_left(tmp_path: Path) -> None
         assert leftovers(target) == []
     assert {p.name: sha256(p) for p in target.iterdir()} == before
     assert other.is_dir()  # another target's staging is its own build's business
-    assert lock_path(target).exists()
+    assert not lock_path(target).exists()  # removed on release, while still held
 
 
 def test_a_target_absent_after_a_kill_between_the_renames_is_restored(tmp_path: Path) -> None:
@@ -353,6 +382,6 @@ def test_builds_killed_at_any_moment_leave_the_previous_artifact_whole(tmp_path:
     assert last.proc.wait(timeout=1800) == 0, last.log()
     last.reader.join(timeout=120)
     assert_whole(target)
-    assert sorted(p.name for p in target.parent.iterdir()) == [".android-arm64.lock", "android-arm64"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["android-arm64"]
     assert killed >= len(stages)  # the stage-boundary kills all landed inside a running build
     assert cleaned >= len(stages)  # each left its staging folder, which the next build removed
