@@ -11,7 +11,7 @@ What holds, for builds that go through ``target_lock`` (as ``pipeline.build`` do
 
 1. One build of ``T`` at a time. A second build of the same target waits (and says so) until the
    first ends, however it ends: the kernel drops a ``flock`` when its process dies, so a killed
-   build never leaves a lock behind. It gives up after ``LOCK_TIMEOUT_S`` seconds (environment
+   build never leaves the lock held (only its file). It gives up after ``LOCK_TIMEOUT_S`` seconds (environment
    ``EXPORTER_LOCK_TIMEOUT_S``) with a one-line error. Builds of different targets never wait.
 2. Killed at any moment (SIGKILL, OOM), a build leaves ``T`` as it was or holding the whole new
    artifact, except in one window: between ``rename(T, .T.old-PID)`` and
@@ -23,7 +23,8 @@ What holds, for builds that go through ``target_lock`` (as ``pipeline.build`` do
    rename, and the parent folder after it, so once ``publish`` returns the new artifact is on disk
    whole; before that the old one is (or, after the first rename only, ``.T.old-PID``, recovered
    as in 2). This assumes a file system that honours fsync and keeps renames in order (ext4,
-   XFS, btrfs, APFS; not every network file system, where ``flock`` may not hold either).
+   XFS, btrfs; not every network file system, where ``flock`` may not hold either; on macOS
+   ``fsync`` does not flush the drive's cache).
 4. Leftovers of killed builds (``.T.tmp-*``, ``.T.old-*``, half-written ``.T.failed.json``) are
    removed when the next build of ``T`` takes the lock: holding it, no live build owns them.
 
