@@ -1,8 +1,9 @@
 """Stub shared objects for the CUDA libraries the aarch64 torch wheel links.
 
 The aarch64 torch wheel on PyPI is a CUDA build; its libraries name libcudart, libcupti, ... as
-NEEDED and bind some of their symbols at load time. On a CPU run nothing calls them, so a stub with
-the right soname, version nodes and symbol names (each a bare ``ret``) satisfies the dynamic loader.
+NEEDED and bind some of their symbols at load time. On a CPU run only torch.cuda.is_available()
+calls them, so a stub with the right soname, version nodes and symbol names (each returning CUDA's
+"no device" status) satisfies the dynamic loader.
 """
 
 from __future__ import annotations
@@ -71,11 +72,16 @@ def exports(symbols: set[str]) -> str:
     return f"global: {''.join(f'{s}; ' for s in sorted(symbols))}" if symbols else ""
 
 
+# cudaErrorNoDevice and CUDA_ERROR_NO_DEVICE: torch.cuda.is_available() asks cudaGetDeviceCount, and
+# reads this status as "no GPU" (a stub returning garbage made it decode a garbage error string).
+NO_DEVICE = 100
+
+
 def stub_source(symbols: set[str]) -> str:
-    """AArch64 assembly defining every symbol as a function that returns at once."""
+    """AArch64 assembly defining every symbol as a function that returns "no device" at once."""
     lines = [".text"]
     for s in sorted(symbols):
-        lines += [f".globl {s}", f".type {s}, %function", f"{s}:", "    ret"]
+        lines += [f".globl {s}", f".type {s}, %function", f"{s}:", f"    mov w0, #{NO_DEVICE}", "    ret"]
     return "\n".join(lines) + "\n"
 
 
