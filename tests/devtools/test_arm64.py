@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +16,19 @@ from click.testing import CliRunner
 from exporter.devtools.arm64 import check as check_module
 from exporter.devtools.arm64 import sysroot as sysroot_module
 from exporter.devtools.arm64.__main__ import main
-from exporter.devtools.arm64.compare import RELATIVE_TOLERANCE, artifact_entry, compare_traces, failures
+from exporter.devtools.arm64.compare import (
+    RELATIVE_TOLERANCE,
+    artifact_entry,
+    compare_traces,
+    failures,
+    not_run,
+)
 from exporter.devtools.arm64.cpuinfo import CPU_MODELS, cpu_files, proc_cpuinfo, write_cpu_files
+from exporter.devtools.arm64.stubs import NO_DEVICE, UNVERSIONED, read_needs, stub_source, version_script
 from exporter.devtools.arm64.sysroot import (
     Sysroot,
-    needed_versions,
     package_closure,
     stamped,
-    version_script,
 )
 from exporter.manifest import SCHEMA_VERSION
 
@@ -139,28 +145,45 @@ def test_cpu_files_land_inside_the_sysroot(tmp_path: Path) -> None:
 READELF = """
 Dynamic section at offset 0x1 contains 3 entries:
   Tag        Type                         Name/Value
- 0x0000000000000001 (NEEDED)             Shared library: [libcudart.so.12]
+ 0x0000000000000001 (NEEDED)             Shared library: [libcudart.so.13]
  0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]
- 0x0000000000000001 (NEEDED)             Shared library: [libnvToolsExt.so.1]
+ 0x0000000000000001 (NEEDED)             Shared library: [libcusparseLt.so.0]
 
 Version needs section '.gnu.version_r' contains 2 entries:
  Addr: 0x0000000000001000  Offset: 0x001000  Link: 5 (.dynstr)
-  000000: Version: 1  File: libcudart.so.12  Cnt: 1
-  0x0010:   Name: libcudart.so.12  Flags: none  Version: 5
-  0x0020: Version: 1  File: libc.so.6  Cnt: 2
-  0x0030:   Name: GLIBC_2.17  Flags: none  Version: 3
-  0x0040:   Name: GLIBC_2.34  Flags: none  Version: 2
+  000000: Version: 1  File: libcudart.so.13  Cnt: 1
+  0x0010:   Name: libcudart.so.13  Flags: none  Version: 14
+  0x0020: Version: 1  File: libc.so.6  Cnt: 1
+  0x0030:   Name: GLIBC_2.17  Flags: none  Version: 2
+
+Symbol table '.dynsym' contains 5 entries:
+   Num:    Value          Size Type    Bind   Vis      Ndx Name
+    52: 0000000000000000     0 FUNC    GLOBAL DEFAULT  UND cusparseLtMatmulPlanDestroy
+    53: 0000000000000000     0 NOTYPE  WEAK   DEFAULT  UND __gmon_start__
+   719: 0000000000000000     0 FUNC    GLOBAL DEFAULT  UND malloc@GLIBC_2.17 (2)
+  3201: 0000000000000000     0 FUNC    GLOBAL DEFAULT  UND cudaGetDeviceCount@libcudart.so.13 (14)
+  3381: 0000000003161da0   256 FUNC    GLOBAL DEFAULT    8 _ZN2at4cuda3fooEv
 """
 
 
-def test_needed_libraries_and_their_version_nodes_are_read_from_readelf() -> None:
-    assert needed_versions(READELF) == {
-        "libcudart.so.12": {"libcudart.so.12"},
-        "libc.so.6": {"GLIBC_2.17", "GLIBC_2.34"},
-        "libnvToolsExt.so.1": set(),
+def test_needs_versions_and_definitions_are_read_from_readelf() -> None:
+    needs, defined = read_needs(READELF)
+    assert defined == {"_ZN2at4cuda3fooEv"}
+    # strong unversioned references are candidates under every needed library; weak ones never
+    loose = {"cusparseLtMatmulPlanDestroy"}
+    assert needs == {
+        "libcudart.so.13": {"libcudart.so.13": {"cudaGetDeviceCount"}, UNVERSIONED: loose},
+        "libc.so.6": {"GLIBC_2.17": {"malloc"}, UNVERSIONED: loose},
+        "libcusparseLt.so.0": {UNVERSIONED: loose},
     }
-    assert version_script({"B", "A"}) == "A { };\nB { };\n"
-    assert version_script(set()) == "{ };\n"
+
+
+def test_version_scripts_and_stub_sources() -> None:
+    assert version_script({"N": {"b", "a"}, UNVERSIONED: {"c"}}) == "N { global: a; b; c; local: *; };\n"
+    assert version_script({UNVERSIONED: {"c"}}) == "{ global: c; local: *; };\n"
+    assert version_script({}) == "{ local: *; };\n"
+    source = stub_source({"cudaGetDeviceCount"})
+    assert ".globl cudaGetDeviceCount" in source and f"mov w0, #{NO_DEVICE}" in source
 
 
 def test_package_closure_drops_virtual_packages_and_dependency_lines() -> None:
@@ -302,3 +325,24 @@ def test_a_built_device_artifact_runs_identically_on_emulated_aarch64(
     assert result["tokens_equal"] and result["passed"], result
     assert result["max_abs_logit_diff"] <= result["tolerance"]
     assert shutil.which("qemu-aarch64-static")
+
+
+def test_a_program_the_emulated_process_never_traced_fails_with_its_reason_in_strict_json() -> None:
+    entry = artifact_entry(
+        "art",
+        {"artifact": {"file": "model.pte", "sha256": "ab"}},
+        0.1,
+        {
+            "cortex-a72": not_run(check_module.guest_failure(-signal.SIGILL, b"")),
+        },
+    )
+    c = entry["cpus"]["cortex-a72"]
+    assert c["passed"] is False and c["max_abs_logit_diff"] is None and "SIGILL" in c["error"]
+    json.loads(json.dumps(entry, allow_nan=False))
+    (line,) = failures({"artifacts": [entry]})
+    assert "cortex-a72" in line and "SIGILL" in line
+
+
+def test_a_guest_that_exits_with_an_error_is_reported_by_its_last_line() -> None:
+    message = check_module.guest_failure(1, b"Traceback\n  ...\nImportError: libfoo.so: cannot open\n")
+    assert message.endswith("ImportError: libfoo.so: cannot open") and "exited with 1" in message

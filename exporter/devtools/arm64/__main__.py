@@ -54,6 +54,9 @@ def main(
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     for entry in report["artifacts"]:
         for cpu, c in entry["cpus"].items():
+            if c["error"]:
+                click.echo(f"{entry['folder']} {cpu}: NOT RUN: {c['error']}")
+                continue
             click.echo(
                 f"{entry['folder']} {cpu}: tokens {'equal' if c['tokens_equal'] else 'DIFFER'}, "
                 f"max |logit diff| {c['max_abs_logit_diff']:.3g} (tolerance {c['tolerance']:.3g}), "

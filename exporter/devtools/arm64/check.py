@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import tempfile
 import time
@@ -19,9 +20,9 @@ import torch
 import exporter
 from exporter.errors import ArtifactError
 
-from .compare import RELATIVE_TOLERANCE, REPORT_FORMAT, Comparison, artifact_entry, compare_traces
+from .compare import RELATIVE_TOLERANCE, REPORT_FORMAT, Comparison, artifact_entry, compare_traces, not_run
 from .cpuinfo import CPU_MODELS, write_cpu_files
-from .sysroot import Arm64SetupError, Sysroot, set_up
+from .sysroot import Sysroot, set_up
 
 DEFAULT_REPORT = Path("artifacts/arm64-check/report.json")
 REPO_ROOT = Path(exporter.__file__).resolve().parents[1]
@@ -75,8 +76,9 @@ def guest_env(sysroot: Sysroot) -> dict[str, str]:
 
 def run_emulated(
     sysroot: Sysroot, cpu: str, programs: Sequence[Program], steps: int, work: Path
-) -> tuple[list[dict[str, torch.Tensor]], float]:
-    """Traces of every program from one emulated process on ``cpu``, and that process's wall time."""
+) -> tuple[list[dict[str, torch.Tensor] | None], float, str | None]:
+    """Traces of every program from one emulated process on ``cpu`` (None for those it did not reach),
+    that process's wall time, and why it died, if it did."""
     write_cpu_files(sysroot.sysroot, CPU_MODELS[cpu], n_cpus=min(os.cpu_count() or 1, 4))
     outs = [work / f"{cpu}-{i}.pt" for i in range(len(programs))]
     job = work / f"{cpu}.json"
@@ -86,14 +88,20 @@ def run_emulated(
     ]
     job.write_text(json.dumps({"steps": steps, "programs": entries}))
     start = time.perf_counter()
-    done = subprocess.run(
-        guest_command(sysroot, cpu, job), env=guest_env(sysroot), capture_output=True, text=True
-    )
+    done = subprocess.run(guest_command(sysroot, cpu, job), env=guest_env(sysroot), capture_output=True)
     seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise Arm64SetupError(None, f"the emulated run on {cpu} failed (exit {done.returncode}): {tail}")
-    return [torch.load(o) for o in outs], seconds
+    traces = [torch.load(o) if o.exists() else None for o in outs]
+    return traces, seconds, None if done.returncode == 0 else guest_failure(done.returncode, done.stderr)
+
+
+def guest_failure(returncode: int, stderr: bytes) -> str:
+    """One line for a dead emulated process (qemu re-raises the guest's fatal signal)."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (the CPU model lacks an instruction the aarch64 wheels use)" if name == "SIGILL" else ""
+        return f"the emulated process was killed by {name}{hint}"
+    lines = stderr.decode(errors="replace").strip().splitlines() or ["(no output)"]
+    return f"the emulated process exited with {returncode}: {lines[-1]}"
 
 
 def check(
@@ -115,10 +123,10 @@ def check(
     cpu_seconds = {}
     with tempfile.TemporaryDirectory(prefix="arm64-check-") as work:
         for cpu in cpus:
-            traces, cpu_seconds[cpu] = run_emulated(sysroot, cpu, programs, steps, Path(work))
+            traces, cpu_seconds[cpu], error = run_emulated(sysroot, cpu, programs, steps, Path(work))
             for i, arm in enumerate(traces):
-                compared[i][cpu] = compare_traces(x86[i], arm)
-            log(f"arm64 check: {cpu} ran {len(programs)} program(s) in {cpu_seconds[cpu]:.1f} s")
+                compared[i][cpu] = compare_traces(x86[i], arm) if arm is not None else not_run(error)
+            log(f"arm64 check: {cpu}: {error or 'ran'} in {cpu_seconds[cpu]:.1f} s")
     entries = [
         artifact_entry(str(p.folder), p.manifest, float(x["seconds"]), c)
         for p, x, c in zip(programs, x86, compared, strict=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,13 +21,22 @@ class Comparison:
     logit_scale: float  # max |logit| of the x86 run
     tolerance: float  # RELATIVE_TOLERANCE * logit_scale
     seconds: float  # the emulated loads and calls, Python imports excluded
+    error: str | None = None  # why the emulated run gave no trace
 
     @property
     def passed(self) -> bool:
-        return self.tokens_equal and self.max_abs_logit_diff <= self.tolerance
+        return self.error is None and self.tokens_equal and self.max_abs_logit_diff <= self.tolerance
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "passed": self.passed}
+        """NaN (nothing measured) becomes null: the report is strict JSON."""
+        fields = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(self).items()}
+        return {**fields, "passed": self.passed}
+
+
+def not_run(error: str | None) -> Comparison:
+    """The entry of a program the emulated process never traced."""
+    nan = float("nan")
+    return Comparison(False, nan, nan, nan, nan, error or "the emulated process wrote no trace")
 
 
 def prompt_count(traces: dict[str, torch.Tensor]) -> int:
@@ -76,7 +86,9 @@ def failures(report: dict[str, Any]) -> list[str]:
     lines = []
     for entry in report["artifacts"]:
         for cpu, c in entry["cpus"].items():
-            if not c["passed"]:
+            if c["error"]:
+                lines.append(f"{entry['folder']} on {cpu}: {c['error']}")
+            elif not c["passed"]:
                 what = "greedy tokens differ" if not c["tokens_equal"] else "logits differ"
                 lines.append(
                     f"{entry['folder']} on {cpu}: {what} (max |diff| {c['max_abs_logit_diff']:.3g}, "

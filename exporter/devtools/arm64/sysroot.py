@@ -233,7 +233,7 @@ def set_up(root: Path | None = None, log: Callable[[str], None] = print) -> Sysr
         ("apt-update", lambda: apt_update(root)),
         (f"debian-{len(DEBIAN_ROOTS)}-roots", lambda: unpack_debian(root, sysroot)),
         ("wheels", lambda: install_wheels(site)),
-        ("stubs", lambda: write_stub_step(site, sysroot)),
+        ("stubs-no-device", lambda: write_stub_step(site, sysroot)),  # renamed when stubs change
     ):
         start = time.perf_counter()
         if stamped(root, name, step):
