@@ -7,7 +7,7 @@ MODEL  ?=
 OUT    ?= artifacts
 BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
 
-.PHONY: export android ios linux-arm64 reference release server bench bench-peer sweep test test-fast lint clean artifacts
+.PHONY: export android ios linux-arm64 reference release server bench bench-peer sweep test test-fast lint clean artifacts arm64-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,16 @@ PEER ?= $(wildcard $(OUT)/bench/peer/peer.json)
 sweep: $(VENV)/.installed
 	$(BIN)/exporter sweep $(wildcard $(OUT)/$(notdir $(or $(MODEL),pycode-4m))/*/) \
 	    $(if $(MODEL),--checkpoint $(MODEL)) $(if $(PEER),--peer $(PEER)) --out $(OUT)/bench/sweep
+
+# Run the default device artifacts' .pte files on an emulated aarch64 (qemu-user, one process per CPU
+# model) and compare greedy tokens and logits with this machine's run (report outside the sealed
+# artifact folders). Needs qemu-user-static and binutils-aarch64-linux-gnu; the aarch64 sysroot is
+# built once into $EXPORTER_ARM64_ROOT (default ~/.cache/exporter/arm64).
+ARM64_CPUS ?= cortex-a72 neoverse-n1
+arm64-check: export
+	$(BIN)/python -m exporter.devtools.arm64 \
+	    $(foreach r,android-arm64 ios-arm64 linux-arm64,$(OUT)/$(notdir $(or $(MODEL),pycode-4m))/$(r)) \
+	    $(foreach c,$(ARM64_CPUS),--cpu $(c)) --out $(OUT)/arm64-check/report.json
 
 # Everything, slow end-to-end builds included.
 test: $(VENV)/.installed
