@@ -29,22 +29,19 @@ DEVICE_RECIPES = ("android-arm64", "ios-arm64", "linux-arm64")
 # lower. The device recipes tune linears to 8da4w g32 or 8da8w per channel: both are covered.
 SHAPES: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
     "8da4w-untied": ("android-arm64", (), {"family": "llama"}),
-    "8da4w-tied-bias-qknorm": (
+    "8da4w-tied-qkv-bias": ("android-arm64", (), {"family": "qwen2", "tie_word_embeddings": True}),
+    "8da8w-per-channel-qk-norm": (
         "android-arm64",
-        (),
-        {"family": "qwen3", "attention_bias": True, "tie_word_embeddings": True},
+        (
+            "quantization.mixed=false",
+            "quantization.qat=false",
+            "quantization.linear.scheme=8da8w",
+            "quantization.linear.group_size=0",
+        ),
+        {"family": "qwen3", "tie_word_embeddings": False},
     ),
-    "8da8w-per-channel": (
-        "android-arm64",
-        ("quantization.linear.scheme=8da8w", "quantization.linear.group_size=0"),
-        {"family": "llama"},
-    ),
-    "fp32-tied-bias-qknorm": (
-        "reference-fp32",
-        (),
-        {"family": "qwen3", "attention_bias": True, "tie_word_embeddings": True},
-    ),
-    "fp32-untied": ("reference-fp32", (), {"family": "llama"}),
+    "fp32-tied-qkv-bias": ("reference-fp32", (), {"family": "qwen2", "tie_word_embeddings": True}),
+    "fp32-untied-qk-norm": ("reference-fp32", (), {"family": "qwen3", "tie_word_embeddings": False}),
 }
 
 
