@@ -172,7 +172,10 @@ def build(
 ) -> Path:
     """Build, validate and publish one artifact; returns its folder. Raises ``ExporterError``."""
     if not force and (done := reuse(recipe_arg, checkpoint, out, overrides)) is not None:
-        return done.folder  # a finished artifact with the same build key is there (exporter.cache)
+        # a finished artifact with the same build key is there (exporter.cache): the target is
+        # good, so a record of a failed attempt with other inputs no longer describes it
+        failed_path(done.folder).unlink(missing_ok=True)
+        return done.folder
     inputs = prepare(recipe_arg, checkpoint, out, overrides)
     backend = get_backend(inputs.recipe.backend)
     # one build of a target at a time; taking the lock also repairs what killed builds left

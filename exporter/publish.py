@@ -159,9 +159,19 @@ def remove_leftovers(target: Path) -> None:
 def make_staging(target: Path) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        # mkdtemp makes the folder private (0700); the published artifact gets the mode any folder
+        # made here would have, so other users and CI steps running as another user can read it
+        os.chmod(staging, 0o777 & ~current_umask())
+        return staging
     except OSError as e:
         raise ExporterError(target.parent, f"output folder is not writable ({e.strerror})") from e
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def publish(staging: Path, target: Path) -> None:

@@ -20,7 +20,15 @@ import pytest
 
 from exporter.errors import ExporterError
 from exporter.pipeline import DEFAULT_CHECKPOINT
-from exporter.publish import is_whole, leftovers, lock_path, make_staging, publish, target_lock
+from exporter.publish import (
+    current_umask,
+    is_whole,
+    leftovers,
+    lock_path,
+    make_staging,
+    publish,
+    target_lock,
+)
 
 # A child that holds a target's lock until its stdin says so (or runs into it, logging to stderr).
 HOLDER = """
@@ -385,3 +393,11 @@ def test_builds_killed_at_any_moment_leave_the_previous_artifact_whole(tmp_path:
     assert sorted(p.name for p in target.parent.iterdir()) == ["android-arm64"]
     assert killed >= len(stages)  # the stage-boundary kills all landed inside a running build
     assert cleaned >= len(stages)  # each left its staging folder, which the next build removed
+
+
+def test_a_published_folder_is_readable_by_others(tmp_path: Path) -> None:
+    target = tmp_path / "out" / "android-arm64"
+    staging = make_staging(target)
+    (staging / "model.pte").write_bytes(b"\0")
+    publish(staging, target)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~current_umask()
