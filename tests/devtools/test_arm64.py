@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from exporter.devtools.arm64.compare import (
     artifact_entry,
     compare_traces,
     failures,
+    not_run,
 )
 from exporter.devtools.arm64.cpuinfo import CPU_MODELS, cpu_files, proc_cpuinfo, write_cpu_files
 from exporter.devtools.arm64.stubs import NO_DEVICE, UNVERSIONED, read_needs, stub_source, version_script
@@ -99,6 +101,23 @@ def test_report_entry_carries_the_manifest_digest_and_failures_name_the_cpu() ->
     json.dumps(entry)  # the report is JSON
     (line,) = failures({"artifacts": [entry]})
     assert "neoverse-n1" in line and "greedy tokens differ" in line
+
+
+def test_a_program_the_emulated_process_never_traced_fails_with_its_reason_in_strict_json() -> None:
+    died = not_run(check_module.guest_failure(-signal.SIGILL, b""))
+    entry = artifact_entry(
+        "art", {"artifact": {"file": "model.pte", "sha256": "ab"}}, 0.1, {"cortex-a72": died}
+    )
+    c = entry["cpus"]["cortex-a72"]
+    assert c["passed"] is False and c["max_abs_logit_diff"] is None and "SIGILL" in c["error"]
+    json.loads(json.dumps(entry, allow_nan=False))
+    (line,) = failures({"artifacts": [entry]})
+    assert "cortex-a72" in line and "SIGILL" in line
+
+
+def test_a_guest_that_exits_with_an_error_is_reported_by_its_last_line() -> None:
+    message = check_module.guest_failure(1, b"Traceback\n  ...\nImportError: libfoo.so: cannot open\n")
+    assert message.endswith("ImportError: libfoo.so: cannot open") and "exited with 1" in message
 
 
 # --- what the emulated CPU shows ------------------------------------------------------------------
