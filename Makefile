@@ -33,7 +33,8 @@ reference: $(VENV)/.installed
 # The default artifacts as an app-team release in OUT/release (every artifact under OUT verified
 # first; one deterministic archive per target, index.json, a Hub-style folder, SHA256SUMS).
 release: export
-	$(BIN)/exporter release $(OUT) --out $(OUT)/release
+	$(BIN)/exporter release $(OUT) --out $(OUT)/release \
+	    $(if $(wildcard $(OUT)/arm64-check/report.json),--arm64-report $(OUT)/arm64-check/report.json)
 	cd $(OUT)/release && sha256sum -c --quiet SHA256SUMS
 
 # Every job of `exporter plan` (MODELS x RECIPES, default: the shipped model x every recipe) as its own
@@ -78,7 +79,7 @@ sweep: $(VENV)/.installed
 # model) and compare greedy tokens and logits with this machine's run (report outside the sealed
 # artifact folders). Needs qemu-user-static and binutils-aarch64-linux-gnu; the aarch64 sysroot is
 # built once into $EXPORTER_ARM64_ROOT (default ~/.cache/exporter/arm64).
-ARM64_CPUS ?= cortex-a72 neoverse-n1
+ARM64_CPUS ?= neoverse-n1
 arm64-check: export
 	$(BIN)/python -m exporter.devtools.arm64 \
 	    $(foreach r,android-arm64 ios-arm64 linux-arm64,$(OUT)/$(notdir $(or $(MODEL),pycode-4m))/$(r)) \

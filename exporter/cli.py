@@ -319,14 +319,20 @@ def sign(artifact_dir: Path, key: Path) -> None:
 @click.argument("artifacts_dir", type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Release folder (replaced).")
 @click.option("--key", type=click.Path(path_type=Path), help="Public key that signed every artifact.")
-def release_cmd(artifacts_dir: Path, out: Path, key: Path | None) -> None:
+@click.option(
+    "--arm64-report",
+    type=click.Path(path_type=Path),
+    help="Report of `python -m exporter.devtools.arm64`: adds the emulated CPUs to verified_on.",
+)
+def release_cmd(artifacts_dir: Path, out: Path, key: Path | None, arm64_report: Path | None) -> None:
     """Verify every artifact under ARTIFACTS_DIR (<model>/<target>/) and write the release: one
     deterministic archive per target, index.json, a Hub-style folder with a model card, SHA256SUMS."""
-    from .artifact.release import release
+    from .artifact.release import arm64_platforms, release
     from .artifact.verify import verify_artifact
 
     _hush_unless_debug()
-    folder = release(artifacts_dir, out, lambda f: verify_artifact(f, key))
+    arm64 = arm64_platforms(arm64_report) if arm64_report else None
+    folder = release(artifacts_dir, out, lambda f: verify_artifact(f, key), arm64)
     for path in sorted(folder.iterdir()):
         click.echo(str(path))
 

@@ -20,7 +20,7 @@ import torch
 
 from backends import Backend, Stepper, get_backend
 
-from .artifact.golden import GOLDEN, make_golden
+from .artifact.golden import DYNAMIC_QUANT_RTOL, FLOAT_RTOL, GOLDEN, make_golden
 from .artifact.seal import write_sealed
 from .cache import remember, reuse
 from .checkpoint import Checkpoint, check_finite, digest_files, load_model, open_checkpoint, sha256_file
@@ -238,7 +238,9 @@ def _build_into(
     if not figures["passed"]:
         raise _gate_failed(inputs, figures, timings, quantization)
     with stage(timings, "golden"), native_logs_captured(), fixed_threads(measuring):
-        golden = make_golden(backend.load(lowered.path), gate.prompts, GOLDEN_DECODE_STEPS)
+        golden = make_golden(
+            backend.load(lowered.path), gate.prompts, GOLDEN_DECODE_STEPS, rtol=golden_rtol(recipe)
+        )
         write_sealed(staging / GOLDEN, golden)
     shutil.copyfile(ckpt.tokenizer_path, staging / "tokenizer.json")
     # A backend that repacks weights (XNNPACK) says what it stored; otherwise the program's own.
@@ -246,6 +248,15 @@ def _build_into(
     build_info = {"timings": timings, "tuning_seconds": split_tuning_seconds(tuning)}
     manifest = {**assemble_manifest(inputs, lowered.path, runtime, figures), "quantization": quantization}
     return manifest, build_info
+
+
+def golden_rtol(recipe: Recipe) -> float:
+    """Programs that quantize activations at run time get the wider cross-CPU tolerance."""
+    linears = [recipe.quantization.linear] if recipe.quantization.linear else []
+    if recipe.quantization.mixed is not None:
+        linears += list(recipe.quantization.mixed.candidates)
+    dynamic = any(q.scheme.startswith("8da") for q in linears)
+    return DYNAMIC_QUANT_RTOL if dynamic else FLOAT_RTOL
 
 
 def split_tuning_seconds(tuning: dict[str, Any]) -> dict[str, Any]:

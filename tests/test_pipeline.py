@@ -250,3 +250,12 @@ def test_a_tuning_that_cannot_fit_in_memory_is_refused_before_any_weight_is_read
     with pytest.raises(RecipeError, match=r"quantization\.qat: .*--set quantization\.qat=false"):
         build("android-arm64", checkpoint=tiny_checkpoint, out=tmp_path)
     assert not (tmp_path / "tiny-llama").exists() or not any((tmp_path / "tiny-llama").iterdir())
+
+
+def test_programs_that_quantize_activations_get_the_wider_golden_tolerance() -> None:
+    from exporter.artifact.golden import DYNAMIC_QUANT_RTOL, FLOAT_RTOL
+    from exporter.pipeline import golden_rtol
+
+    assert golden_rtol(load_recipe("android-arm64")) == DYNAMIC_QUANT_RTOL
+    assert golden_rtol(load_recipe("reference-fp32")) == FLOAT_RTOL
+    assert golden_rtol(load_recipe("server-x86-int4")) == FLOAT_RTOL  # weight-only int4

@@ -112,6 +112,21 @@ def index_entry(
     }
 
 
+def arm64_platforms(report_path: Path) -> dict[str, list[str]]:
+    """From ``python -m exporter.devtools.arm64``'s report: the emulated CPUs each file (by sha256)
+    matched its x86 run on, within the tolerance its golden vectors state."""
+    try:
+        report = json.loads(Path(report_path).read_text(encoding="utf-8"))
+        found: dict[str, list[str]] = {}
+        for entry in report["artifacts"]:
+            cpus = sorted(cpu for cpu, c in entry["cpus"].items() if c["passed"])
+            if cpus:
+                found[entry["sha256"]] = [f"aarch64 (qemu-user, {' and '.join(cpus)} CPU model)"]
+        return found
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ArtifactError(report_path, f"not an ARM64 check report ({e})") from e
+
+
 def verified_platforms(manifest: dict[str, Any], arm64: dict[str, list[str]]) -> list[str]:
     """Where this exact file ran and matched: here (the release verifies it) and, from the ARM64
     check's report, the emulated CPUs it matched on."""

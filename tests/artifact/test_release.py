@@ -71,3 +71,20 @@ def test_an_artifact_that_does_not_verify_stops_the_release(root: Path, tmp_path
     # the earlier release is still whole
     check = subprocess.run(["sha256sum", "-c", SUMS], cwd=tmp_path / "rel", capture_output=True)
     assert check.returncode == 0
+
+
+def test_the_arm64_report_adds_the_cpus_a_file_matched_on(root: Path, tmp_path: Path) -> None:
+    manifest = json.loads(next(root.glob("*/*/manifest.json")).read_bytes())
+    report = tmp_path / "report.json"
+    cpus = {"neoverse-n1": {"passed": True}, "cortex-a72": {"passed": False}}
+    other = {"sha256": "0" * 64, "cpus": {"neoverse-n1": {"passed": True}}}
+    entries = [{"sha256": manifest["artifact"]["sha256"], "cpus": cpus}, other]
+    report.write_text(json.dumps({"artifacts": entries}))
+    args = ["release", str(root), "--out", str(tmp_path / "rel"), "--arm64-report", str(report)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads((tmp_path / "rel" / "index.json").read_text())["targets"]
+    assert entry["verified_on"] == ["x86_64", "aarch64 (qemu-user, neoverse-n1 CPU model)"]
+    report.write_text("{}")
+    broken = CliRunner().invoke(main, args)
+    assert broken.exit_code == 2 and "not an ARM64 check report" in broken.output
