@@ -7,7 +7,7 @@ MODEL  ?=
 OUT    ?= artifacts
 BUILD  := $(BIN)/exporter build $(if $(MODEL),--checkpoint $(MODEL)) --out $(OUT)
 
-.PHONY: export android ios linux-arm64 reference release server bench bench-peer sweep test test-fast lint clean artifacts arm64-check
+.PHONY: export android ios linux-arm64 reference release server bench bench-peer sweep test test-fast lint clean artifacts arm64-check arm64-tools
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -80,13 +80,21 @@ sweep: $(VENV)/.installed
 # artifact folders). Needs qemu-user-static and binutils-aarch64-linux-gnu; the aarch64 sysroot is
 # built once into $EXPORTER_ARM64_ROOT (default ~/.cache/exporter/arm64).
 ARM64_CPUS ?= neoverse-n1
-arm64-check: export
+arm64-check: export arm64-tools
 	$(BIN)/python -m exporter.devtools.arm64 \
 	    $(foreach r,android-arm64 ios-arm64 linux-arm64,$(OUT)/$(notdir $(or $(MODEL),pycode-4m))/$(r)) \
 	    $(foreach c,$(ARM64_CPUS),--cpu $(c)) --out $(OUT)/arm64-check/report.json
 
+# qemu-user and the cross binutils the ARM64 check needs (Debian packages), installed when missing;
+# `make test` needs them too (its slow ARM64 test), so a fresh machine is set up by make alone.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+arm64-tools:
+	@command -v qemu-aarch64-static >/dev/null && command -v aarch64-linux-gnu-readelf >/dev/null || { \
+	    $(SUDO) apt-get update -qq && \
+	    $(SUDO) apt-get install -y -qq --no-install-recommends qemu-user-static binutils-aarch64-linux-gnu; }
+
 # Everything, slow end-to-end builds included.
-test: $(VENV)/.installed
+test: $(VENV)/.installed arm64-tools
 	$(BIN)/python -m pytest -q
 
 test-fast: $(VENV)/.installed
