@@ -227,7 +227,8 @@ def test_a_decomposition_round_is_skipped_only_when_it_has_nothing_to_do() -> No
     assert not idle(program, table)  # silu has a decomposition to apply
     decomposed = program.run_decompositions(table)
     assert idle(decomposed, table)  # what is left decomposes to itself (sym_size) or not at all
-    assert torch.equal(decomposed.module()(x), Net()(x))
+    # silu's own kernel and x * sigmoid(x) may round the last bit differently
+    torch.testing.assert_close(decomposed.module()(x), Net()(x))
 
     class Mutating(torch.nn.Module):
         count: torch.Tensor
