@@ -65,7 +65,7 @@ bench: $(VENV)/.installed
 SHAPES ?=
 RECIPE ?=
 bench-peer: $(VENV)/.installed
-	$(BIN)/python -m exporter.peer $(if $(MODEL),--checkpoint $(MODEL)) $(if $(RECIPE),--recipe $(RECIPE)) \
+	$(BIN)/python -m tools.peer $(if $(MODEL),--checkpoint $(MODEL)) $(if $(RECIPE),--recipe $(RECIPE)) \
 	    $(foreach s,$(SHAPES),--shape $(s)) --out $(OUT)/bench/peer
 
 # Perplexity ratio to fp32 (prose, code) against file size of MODEL's built artifacts, plus the peer
@@ -81,7 +81,7 @@ sweep: $(VENV)/.installed
 # built once into $EXPORTER_ARM64_ROOT (default ~/.cache/exporter/arm64).
 ARM64_CPUS ?= neoverse-n1
 arm64-check: export arm64-tools
-	$(BIN)/python -m exporter.devtools.arm64 \
+	$(BIN)/python -m tools.arm64 \
 	    $(foreach r,android-arm64 ios-arm64 linux-arm64,$(OUT)/$(notdir $(or $(MODEL),pycode-4m))/$(r)) \
 	    $(foreach c,$(ARM64_CPUS),--cpu $(c)) --out $(OUT)/arm64-check/report.json
 
@@ -101,8 +101,8 @@ test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check exporter backends tests
-	$(BIN)/ruff format --check exporter backends tests
+	$(BIN)/ruff check exporter backends tools tests
+	$(BIN)/ruff format --check exporter backends tools tests
 	$(BIN)/mypy
 
 clean:

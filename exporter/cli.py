@@ -85,14 +85,14 @@ def build(
 
     A finished artifact with the same build key (exporter plan) in the output folder or in
     $EXPORTER_CACHE is reused instead, without importing torch."""
-    from .cache import reuse
+    from .build.cache import reuse
 
     found = None if force else reuse(recipe, checkpoint, out, overrides)
     if found is not None:
         click.echo(f"up to date: {found.folder} (key {found.key[:12]})", err=True)
         click.echo(str(found.folder))
         return
-    from .pipeline import build as run_build
+    from .build.pipeline import build as run_build
 
     _hush_unless_debug()
     click.echo(str(run_build(recipe, checkpoint, out, overrides, force=True)))
@@ -113,7 +113,7 @@ def run(
     would prompt the model, and stops at the checkpoint's end-of-turn token."""
     import torch  # noqa: F401 - imported before the runtimes so its log levels can be set
 
-    from .play import generate
+    from .gate.generate import generate
 
     _hush_unless_debug()
     if (prompt is None) == (message is None):
@@ -137,7 +137,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(artifact_dir: Path, as_json: bool) -> None:
     """Size, bits per parameter, delegation and validation figures of an artifact."""
-    from .inspect import summarize
+    from .artifact.summary import summarize
 
     summary = summarize(artifact_dir)
     if as_json:
@@ -163,7 +163,7 @@ def inspect(artifact_dir: Path, as_json: bool) -> None:
 @click.option("--max-tokens", default=511, show_default=True, type=click.IntRange(1))
 def evaluate(artifact_dir: Path, text_file: Path | None, checkpoint: Path | None, max_tokens: int) -> None:
     """Teacher-forced perplexity, top-1 agreement and KL of an artifact vs eager fp32 (JSON)."""
-    from .evaluate import evaluate as run_eval
+    from .measure.evaluate import evaluate as run_eval
 
     click.echo(json.dumps(run_eval(artifact_dir, text_file, checkpoint, max_tokens), indent=2))
 
@@ -194,7 +194,7 @@ def bench_cmd(
     out: Path,
 ) -> None:
     """Time artifacts against eager PyTorch; write bench.json, bench.md and bench.png."""
-    from .bench import bench, export_cost, markdown, write_report
+    from .measure.bench import bench, export_cost, markdown, write_report
 
     report = bench(list(artifact_dirs), prompt_tokens, decode_tokens, repeats, eager, checkpoint)
     report["export"] = [export_cost(r, checkpoint) for r in export_recipes]
@@ -224,7 +224,7 @@ def sweep_cmd(
 ) -> None:
     """Perplexity ratio to fp32 (prose, code) against model file size, one point per artifact of one
     checkpoint; texts an artifact was not evaluated on are scored as `exporter eval --text` does."""
-    from .sweep import markdown, sweep, write_sweep
+    from .measure.sweep import markdown, sweep, write_sweep
 
     _hush_unless_debug()
     report = sweep(list(artifact_dirs), peer_json, checkpoint)
@@ -258,7 +258,7 @@ def plan(
     as_make: bool,
 ) -> None:
     """List the build jobs (checkpoint x recipe) with their content-addressed build keys."""
-    from .plan import makefile, matrix, plan_jobs, table
+    from .build.plan import makefile, matrix, plan_jobs, table
 
     jobs = plan_jobs(checkpoints, recipe_args, out, overrides)
     click.echo(
@@ -322,7 +322,7 @@ def sign(artifact_dir: Path, key: Path) -> None:
 @click.option(
     "--arm64-report",
     type=click.Path(path_type=Path),
-    help="Report of `python -m exporter.devtools.arm64`: adds the emulated CPUs to verified_on.",
+    help="Report of `python -m tools.arm64`: adds the emulated CPUs to verified_on.",
 )
 def release_cmd(artifacts_dir: Path, out: Path, key: Path | None, arm64_report: Path | None) -> None:
     """Verify every artifact under ARTIFACTS_DIR (<model>/<target>/) and write the release: one

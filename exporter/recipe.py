@@ -1,7 +1,9 @@
 """Recipes: one TOML file per device target, loaded into frozen dataclasses.
 
 Unknown keys, wrong types and impossible values are ``RecipeError``s that name the file and the
-dotted key. Checks that need the model's shapes (``check_fits``) run right after config.json is read,
+dotted key. Every stage reads its settings from here, so this module sits below them all and imports
+nothing of the package but its errors. Checks that need the model's shapes
+(``exporter.build.fits``) run right after config.json is read,
 before any weight is loaded.
 """
 
@@ -19,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import RecipeError
-from .model_args import ModelArgs
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 BACKENDS = ("xnnpack", "aoti")
@@ -416,36 +417,3 @@ def _convert(hint: Any, value: Any, path: Path, key: str) -> Any:
     if hint is float and not math.isfinite(float(value)):
         raise RecipeError(path, f"{key}: expected a finite number, got {value!r}")
     return float(value) if hint is float else value
-
-
-def check_fits(recipe: Recipe, args: ModelArgs, path: Path) -> None:
-    """Checks that need the model's shapes; cheap, so they run before any weights are read."""
-    mixed = recipe.quantization.mixed
-    for linear in (recipe.quantization.linear, *(mixed.candidates if mixed else ())):
-        if linear is None or linear.group_size == 0:
-            continue
-        in_features = {
-            "attention q/k/v and feed-forward gate/up (hidden_size)": args.dim,
-            "attention output (n_heads * head_dim)": args.n_heads * args.head_dim,
-            "feed-forward down (intermediate_size)": args.hidden_dim,
-        }
-        for what, size in in_features.items():
-            if size % linear.group_size:
-                raise RecipeError(
-                    path,
-                    f"quantization.linear.group_size: {linear.group_size} does not divide the "
-                    f"input size {size} of the {what} layers",
-                )
-    emb = recipe.quantization.embedding
-    if emb is not None and args.dim % emb.group_size:
-        raise RecipeError(
-            path,
-            f"quantization.embedding.group_size: {emb.group_size} does not divide the embedding "
-            f"dimension {args.dim}",
-        )
-    if recipe.export.max_seq_len > args.max_position_embeddings:
-        raise RecipeError(
-            path,
-            f"export.max_seq_len: {recipe.export.max_seq_len} exceeds the model's "
-            f"max_position_embeddings {args.max_position_embeddings}",
-        )

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from exporter.pipeline import DEFAULT_CHECKPOINT
+from exporter.build.pipeline import DEFAULT_CHECKPOINT
 
 # Fuzz tests (tests/fuzz) run derandomized by default, so CI sees the same inputs on every run and a
 # failure reproduces; HYPOTHESIS_PROFILE=explore draws fresh random inputs (and saves failures) locally.
@@ -84,7 +84,7 @@ def tiny_copy(tiny_checkpoint: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_artifact(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real (small) published artifact: reference-fp32 of the tiny checkpoint."""
-    from exporter.pipeline import build
+    from exporter.build.pipeline import build
 
     overrides = ("export.max_seq_len=128", "validation.eval_tokens=64")
     return build(

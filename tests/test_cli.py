@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from exporter.cli import main
-from tests.test_checkpoint import _rewrite_weights
+from tests.model.test_checkpoint import _rewrite_weights
 
 
 def run(*args: str) -> tuple[int, str, str]:

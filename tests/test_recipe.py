@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.checkpoint import open_checkpoint
+from exporter.build.fits import check_fits
 from exporter.errors import RecipeError
-from exporter.recipe import check_fits, list_recipes, load_recipe
+from exporter.model.checkpoint import open_checkpoint
+from exporter.recipe import list_recipes, load_recipe
 
 SHIPPED = ["android-arm64", "ios-arm64", "linux-arm64", "reference-fp32"]
 
@@ -21,7 +22,7 @@ def test_shipped_recipes_present() -> None:
 def test_every_recipe_loads_and_fits_default_model(path: Path) -> None:
     recipe = load_recipe(str(path))
     assert recipe.name == path.stem
-    from exporter.pipeline import DEFAULT_CHECKPOINT
+    from exporter.build.pipeline import DEFAULT_CHECKPOINT
 
     check_fits(recipe, open_checkpoint(DEFAULT_CHECKPOINT).args, path)
 

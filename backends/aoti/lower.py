@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from backends import Lowered, Stepper
-from exporter.progress import heartbeat
+from exporter.plumbing.progress import heartbeat
+
+from .. import Lowered, Stepper
 
 # Inductor settings for this backend only, applied around the compile and nowhere else.
 INDUCTOR_CONFIGS: dict[str, Any] = {

@@ -8,9 +8,9 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from backends import Lowered, Stepper
-from exporter.memory import release_memory
+from exporter.plumbing.memory import release_memory
 
+from .. import Lowered, Stepper
 from .partition_progress import partition_progress
 from .patches import lean_lowering as lean_patches
 
@@ -87,7 +87,7 @@ class XnnpackBackend:
         )
 
     def load(self, path: Path) -> Stepper:
-        from exporter.runtime import load_pte
+        from .runtime import load_pte
 
         return load_pte(path)
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
 
-from exporter.progress import Tick, progress
+from exporter.plumbing.progress import Tick, progress
 
 VERIFIED_ON = "1.5.1"  # executorch
 OFF_SWITCH = "EXPORTER_PARTITION_PROGRESS"

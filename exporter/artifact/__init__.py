@@ -1,6 +1,8 @@
 """The artifact side: what a finished artifact folder holds and how anyone checks it afterwards —
-sealed JSON, the manifest's JSON Schema, golden vectors, ``verify`` and ``sign``.
+the manifest and its JSON Schema, atomic publishing, sealed JSON, golden vectors, ``verify``,
+``sign``, the release bundle and the one-screen summary.
 
-Nothing here imports the build side (pipeline, model, quantization): the build hands it plain
-values, and an app team's CI can verify a folder without the tools that made it.
+May import backends (to load a model file back), model (checkpoint facts), recipe and plumbing;
+never gate, quant, build, measure or cli: an app team's CI can verify a folder without the tools
+that built it.
 """

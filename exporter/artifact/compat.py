@@ -28,7 +28,7 @@ def pte_checks(path: Path, runtime: dict[str, Any]) -> list[Check]:
     from executorch.extension.pybindings import portable_lib
     from executorch.runtime import Runtime, Verification
 
-    from ..runtime import load_executorch_kernels
+    from backends.xnnpack.runtime import load_executorch_kernels
 
     load_executorch_kernels()
     ops = set(portable_lib._get_operator_names())
@@ -74,7 +74,7 @@ def pt2_checks(runtime: dict[str, Any]) -> list[Check]:
 
 
 def runtime_checks(folder: Path, manifest: dict[str, Any]) -> list[Check]:
-    from ..runtime import native_logs_captured
+    from ..plumbing.native_logs import native_logs_captured
 
     runtime = manifest["runtime"]
     if runtime["format"] != "executorch-pte":
@@ -84,7 +84,8 @@ def runtime_checks(folder: Path, manifest: dict[str, Any]) -> list[Check]:
 
 
 def golden_check(folder: Path, manifest: dict[str, Any], golden: dict[str, Any]) -> Check:
-    from ..runtime import load_artifact, native_logs_captured
+    from ..plumbing.native_logs import native_logs_captured
+    from .load import load_artifact
 
     with native_logs_captured():
         problems = check_golden(load_artifact(folder, manifest), golden)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..plumbing.hashing import sha256_file
 from .seal import sealed_bytes, write_sealed
 from .sign import SIGNATURE
 
@@ -26,14 +27,6 @@ BUILD_INFO_FORMAT = "exporter-build-info/1"
 # Files of a folder that ``files`` cannot list: the manifest itself, the record of the build that
 # must not change the manifest's bytes, and a signature made after both.
 RECORDS = (MANIFEST, BUILD_INFO, SIGNATURE)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_entries(folder: Path) -> dict[str, dict[str, Any]]:

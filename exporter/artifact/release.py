@@ -113,7 +113,7 @@ def index_entry(
 
 
 def arm64_platforms(report_path: Path) -> dict[str, list[str]]:
-    """From ``python -m exporter.devtools.arm64``'s report: the emulated CPUs each file (by sha256)
+    """From ``python -m tools.arm64``'s report: the emulated CPUs each file (by sha256)
     matched its x86 run on, within the tolerance its golden vectors state."""
     try:
         report = json.loads(Path(report_path).read_text(encoding="utf-8"))

@@ -16,7 +16,7 @@ from exporter.recipe import list_recipes, load_recipe
 
 PTE_RECIPES = [p.stem for p in list_recipes() if load_recipe(p.stem).backend == "xnnpack"]
 # CI rebuilds one trained device recipe and the untrained reference (the other device recipes take
-# the same path with other values; all four were measured identical, see the README)
+# the same path with other values; all four were measured identical, see docs/trust.md)
 CHECKED = ["android-arm64", "reference-fp32"]
 
 

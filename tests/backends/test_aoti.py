@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from backends import get_backend
-from exporter.checkpoint import load_model, open_checkpoint
+from exporter.build.pipeline import export_program, prepare_module, weight_bytes
 from exporter.errors import ArtifactError
-from exporter.pipeline import export_program, prepare_module, weight_bytes
+from exporter.gate.steppers import eager_stepper, follow, greedy
+from exporter.model.checkpoint import load_model, open_checkpoint
 from exporter.recipe import load_recipe
-from exporter.runtime import eager_stepper, follow, greedy
 
 AOTI_DIR = Path(__file__).resolve().parents[2] / "backends" / "aoti"
 PROMPT = [0, 17, 99, 1024, 5]

@@ -17,9 +17,9 @@ from backends.xnnpack import patches
 from backends.xnnpack.patches import guard
 from backends.xnnpack.patches.compact_dependencies import CompactDependencyViewer
 from backends.xnnpack.patches.lean_passes import ONLY_WITH_OPS, needed
-from exporter.checkpoint import load_model, open_checkpoint
+from exporter.build.pipeline import export_program, prepare_module
 from exporter.errors import RecipeError
-from exporter.pipeline import export_program, prepare_module
+from exporter.model.checkpoint import load_model, open_checkpoint
 from exporter.recipe import Recipe, list_recipes, load_recipe
 
 EVERY_PATCH = {p.NAME for p in patches.PATCHES}

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from backends import get_backend
-from exporter.checkpoint import load_model, open_checkpoint
-from exporter.pipeline import export_program, prepare_module
+from exporter.build.pipeline import export_program, prepare_module
+from exporter.gate.steppers import eager_stepper, follow, greedy
+from exporter.gate.validate import top2_margin
+from exporter.model.checkpoint import load_model, open_checkpoint
+from exporter.plumbing.native_logs import native_logs_captured
 from exporter.recipe import load_recipe
-from exporter.runtime import eager_stepper, follow, greedy, native_logs_captured
-from exporter.validate import top2_margin
 
 # Everything else (every matmul in particular) must run inside the XNNPACK delegate.
 ALLOWED_OUTSIDE = {
@@ -126,7 +127,7 @@ def test_an_8da4w_linear_computes_what_its_eager_module_computes() -> None:
     from executorch.exir import to_edge_transform_and_lower
     from executorch.runtime import Runtime
 
-    from exporter.quantize import quantize_linears
+    from exporter.quant.configs import quantize_linears
 
     torch.manual_seed(0)
     fp32 = torch.nn.Sequential(torch.nn.Linear(256, 128, bias=False))

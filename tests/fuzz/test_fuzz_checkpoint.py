@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from exporter.checkpoint import Checkpoint, check_finite, load_model, open_checkpoint
+from exporter.build.pipeline import DEFAULT_CHECKPOINT
 from exporter.errors import CheckpointError
-from exporter.pipeline import DEFAULT_CHECKPOINT
+from exporter.model.checkpoint import Checkpoint, check_finite, load_model, open_checkpoint
 from tests.fuzz.harness import JSON_VALUES, deep_json, expect_clean, fuzz, json_text
 
 CONFIG = json.loads((DEFAULT_CHECKPOINT / "config.json").read_text(encoding="utf-8"))

@@ -9,8 +9,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from exporter.artifact.manifest import MANIFEST, SCHEMA_VERSION, read_manifest
 from exporter.errors import ArtifactError
-from exporter.manifest import MANIFEST, SCHEMA_VERSION, read_manifest
 from tests.fuzz.harness import JSON_VALUES, deep_json, expect_clean, fuzz, json_text
 
 VERSIONS = JSON_VALUES | st.sampled_from([SCHEMA_VERSION, SCHEMA_VERSION - 1, float(SCHEMA_VERSION), True])

@@ -12,9 +12,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from exporter.build.pipeline import DEFAULT_CHECKPOINT
 from exporter.errors import CheckpointError
-from exporter.pipeline import DEFAULT_CHECKPOINT
-from exporter.tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
+from exporter.model.tokenizer import TokenizerInfo, encode, load_tokenizer, tokenizer_info
 from tests.fuzz.harness import JSON_VALUES, deep_json, expect_clean, fuzz, json_text
 
 FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")

@@ -1,1 +1,0 @@
-"""Developer tools: not used by a build, never imported by the package at run time."""

@@ -1,0 +1,361 @@
+"""Hugging Face checkpoint folder -> ``ModelArgs`` + weights. Key renames live here alone.
+
+Weights are read with safetensors' memory-mapped ``safe_open``, one tensor at a time, straight into a
+model built on the meta device: no pickle is ever loaded and no random full-size init happens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import CheckpointError
+from ..plumbing.hashing import sha256_file
+from .transformer import ModelArgs, RopeScaling, Transformer
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+# Hugging Face name (after "model.layers.{i}.") -> ours (after "layers.{i}.")
+_LAYER_KEYS = {
+    "self_attn.q_proj": "attention.wq",
+    "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo",
+    "self_attn.q_norm": "attention.q_norm",
+    "self_attn.k_norm": "attention.k_norm",
+    "mlp.gate_proj": "feed_forward.w1",
+    "mlp.up_proj": "feed_forward.w3",
+    "mlp.down_proj": "feed_forward.w2",
+    "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_TOP_KEYS = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
+# Tensors some exporters write that carry no weights of ours (recomputed from the config).
+_IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint folder, checked enough to know what it holds, with nothing heavy loaded yet."""
+
+    path: Path
+    name: str
+    architecture: str
+    args: ModelArgs
+    config: dict[str, Any]
+    weight_files: tuple[Path, ...]
+    tokenizer_path: Path
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """Read and check config.json, locate weights and tokenizer. Cheap: no tensor data is read."""
+    path = Path(path)
+    if not _exists(path, folder=True):
+        raise CheckpointError(path, "checkpoint folder not found")
+    config = _read_config(path / "config.json")
+    architecture = _architecture(path / "config.json", config)
+    args = config_to_args(path / "config.json", config, SUPPORTED_ARCHITECTURES[architecture])
+    tokenizer = path / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise CheckpointError(tokenizer, "tokenizer file missing (a Hugging Face tokenizer.json is required)")
+    return Checkpoint(path, path.name, architecture, args, config, _weight_files(path), tokenizer)
+
+
+def _exists(path: Path, folder: bool = False) -> bool:
+    """``is_dir``/``is_file``, where a name the OS refuses (too long) is no such file, not an OSError."""
+    try:
+        return path.is_dir() if folder else path.is_file()
+    except OSError:
+        return False
+
+
+def read_json(file: Path) -> Any:
+    """A JSON file, any way it cannot be read a CheckpointError: besides JSONDecodeError, json raises
+    a plain ValueError for integers past Python's digit limit and RecursionError for deep nesting."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CheckpointError(file, f"cannot read ({e.strerror or e})") from e
+    except RecursionError as e:
+        raise CheckpointError(file, "not valid JSON (nested too deeply)") from e
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(file, f"not valid JSON ({e})") from e
+
+
+def _read_config(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(file, "config.json missing from the checkpoint folder")
+    config = read_json(file)
+    if not isinstance(config, dict):
+        raise CheckpointError(file, "expected a JSON object")
+    return config
+
+
+def _architecture(file: Path, config: dict[str, Any]) -> str:
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or len(archs) != 1:
+        raise CheckpointError(file, f"'architectures' must list one architecture, got {archs!r}")
+    arch = archs[0]
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+        raise CheckpointError(file, f"unsupported architecture {arch!r} (supported: {supported})")
+    return str(arch)
+
+
+def _field(file: Path, config: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    value = config.get(key, default)
+    if value is None:
+        raise CheckpointError(file, f"required field {key!r} missing")
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value) if abs(value) < 2**1023 else math.inf  # float() of a larger int raises
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckpointError(file, f"field {key!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _positive(file: Path, config: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """A size (int) or a scale (float): no model has a zero, negative, infinite or NaN one, nor a size
+    that torch's 32-bit index arithmetic cannot hold."""
+    value = _field(file, config, key, kind, default)
+    if not (value > 0 and (value < 2**31 if kind is int else math.isfinite(value))):
+        raise CheckpointError(file, f"field {key!r} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _flag(file: Path, config: dict[str, Any], key: str) -> bool:
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(file, f"field {key!r} must be true or false, got {value!r}")
+    return bool(value)
+
+
+def config_to_args(file: Path, config: dict[str, Any], family: str) -> ModelArgs:
+    """Map a Hugging Face config to ``ModelArgs``; anything we would silently get wrong is an error."""
+    for key, ok in (("hidden_act", "silu"), ("mlp_bias", False), ("use_sliding_window", False)):
+        if key in config and config[key] not in (ok, None):
+            raise CheckpointError(file, f"unsupported {key}={config[key]!r} (only {ok!r})")
+    dim = _positive(file, config, "hidden_size", int)
+    n_heads = _positive(file, config, "num_attention_heads", int)
+    n_kv = _positive(file, config, "num_key_value_heads", int, n_heads)
+    if config.get("head_dim") is not None:
+        head_dim = _positive(file, config, "head_dim", int)
+    elif (head_dim := dim // n_heads) == 0:
+        raise CheckpointError(file, f"hidden_size {dim} is smaller than num_attention_heads {n_heads}")
+    theta, scaling = _rope(file, config)
+    try:
+        return ModelArgs(
+            dim=dim,
+            n_layers=_positive(file, config, "num_hidden_layers", int),
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            head_dim=head_dim,
+            hidden_dim=_positive(file, config, "intermediate_size", int),
+            vocab_size=_positive(file, config, "vocab_size", int),
+            norm_eps=_positive(file, config, "rms_norm_eps", float, 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            # Qwen2 always has q/k/v bias; Llama and Qwen3 say so in `attention_bias`.
+            attention_bias=family == "qwen2" or _flag(file, config, "attention_bias"),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=_flag(file, config, "tie_word_embeddings"),
+            max_position_embeddings=_positive(file, config, "max_position_embeddings", int, 2048),
+        )
+    except ValueError as e:
+        raise CheckpointError(file, str(e)) from e
+
+
+def _rope(file: Path, config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    # transformers >= 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise CheckpointError(file, f"rope_parameters must be a JSON object, got {params!r}")
+    theta = _positive(file, {"rope_theta": config.get("rope_theta", 10000.0), **params}, "rope_theta", float)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise CheckpointError(file, f"unsupported rope type {kind!r} (supported: default, llama3)")
+    try:
+        return theta, RopeScaling(
+            factor=_positive(file, params, "factor", float),
+            low_freq_factor=_positive(file, params, "low_freq_factor", float),
+            high_freq_factor=_positive(file, params, "high_freq_factor", float),
+            original_max_position_embeddings=_positive(file, params, "original_max_position_embeddings", int),
+        )
+    except CheckpointError as e:
+        raise CheckpointError(file, f"llama3 rope scaling: {e.message}") from e
+
+
+def _weight_files(path: Path) -> tuple[Path, ...]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = tuple(path / name for name in _shard_names(index))
+    else:
+        files = tuple(sorted(path.glob("*.safetensors")))
+    if not files:
+        raise CheckpointError(
+            path, "no *.safetensors weights found (pickled .bin checkpoints are not loaded)"
+        )
+    for file in files:
+        if not _exists(file):
+            raise CheckpointError(file, "weight shard listed in the index is missing")
+    return files
+
+
+def _shard_names(index: Path) -> list[str]:
+    """The shard files an index's weight_map names: file names in the checkpoint folder, nothing that
+    reaches outside it (``../x``, absolute paths)."""
+    data = read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(
+            index, "invalid safetensors index (weight_map must map tensor names to file names)"
+        )
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise CheckpointError(index, f"shard {name!r} is not a file name in the checkpoint folder")
+    return names
+
+
+def hf_to_ours(name: str) -> str | None:
+    """Hugging Face tensor name -> our parameter name; None for names we do not know."""
+    if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name):
+        layer, module, kind = m.groups()
+        ours = _LAYER_KEYS.get(module)
+        return None if ours is None else f"layers.{layer}.{ours}.{kind}"
+    if m := re.fullmatch(r"(.+)\.(weight|bias)", name):
+        ours = _TOP_KEYS.get(m.group(1))
+        return None if ours is None else f"{ours}.{m.group(2)}"
+    return None
+
+
+def load_model(ckpt: Checkpoint, max_seq_len: int, dtype: torch.dtype = torch.float32) -> Transformer:
+    """Build the eager model and fill it from the checkpoint's safetensors, checking every tensor."""
+    with torch.device("meta"):
+        model = Transformer(ckpt.args, max_seq_len, cache_dtype=dtype)
+    source = TensorSource(ckpt, model)
+    model.load_state_dict(source.read(source.names(), dtype), strict=False, assign=True)
+    if ckpt.args.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    model.init_buffers()
+    return model.eval()
+
+
+class TensorSource:
+    """Where each of the model's tensors lies in the checkpoint, checked (names, shapes, nothing
+    missing) from the safetensors headers alone; tensors are read on demand, a group at a time.
+
+    Each ``read`` opens the files it needs and closes them again, so memory-mapped pages of
+    tensors already consumed do not stay resident: a streamed build holds one layer, not the file.
+    ``output.weight`` of a tied model resolves to the embedding's tensor."""
+
+    def __init__(self, ckpt: Checkpoint, model: Transformer) -> None:
+        expected = {k: v.shape for k, v in model.state_dict().items()}
+        if ckpt.args.tie_word_embeddings:
+            expected.pop("output.weight", None)
+        self._where: dict[str, tuple[Path, str]] = {}
+        for file in ckpt.weight_files:
+            self._where.update(_index_file(file, expected))
+        missing = sorted(set(expected) - set(self._where))
+        if missing:
+            names = ", ".join(_ours_to_hf(m) for m in missing[:3])
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise CheckpointError(ckpt.weight_files[0], f"missing tensor {names}{more}")
+        if ckpt.args.tie_word_embeddings:
+            self._where["output.weight"] = self._where["tok_embeddings.weight"]
+
+    def names(self, prefix: str = "") -> list[str]:
+        """Our tensor names under ``prefix``; the tied head is left out of a whole-model listing."""
+        names = [n for n in self._where if n.startswith(prefix)]
+        tied = self._where.get("output.weight") == self._where.get("tok_embeddings.weight")
+        return [n for n in names if not (tied and n == "output.weight" and prefix == "")]
+
+    def read(self, names: list[str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        """``dtype`` None keeps each tensor as stored."""
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self._where[name][0], []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for file, ours in by_file.items():
+            try:
+                with safe_open(str(file), framework="pt") as f:
+                    for name in ours:
+                        tensor = f.get_tensor(self._where[name][1])
+                        out[name] = tensor if dtype is None else tensor.to(dtype)
+            except (SafetensorError, OSError, RuntimeError) as e:
+                raise CheckpointError(file, f"cannot read safetensors, truncated or corrupt? ({e})") from e
+        return out
+
+
+def _index_file(file: Path, expected: dict[str, torch.Size]) -> dict[str, tuple[Path, str]]:
+    out: dict[str, tuple[Path, str]] = {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                ours = hf_to_ours(name)
+                if ours is None or ours not in expected:
+                    if _IGNORED.fullmatch(name) or (ours == "output.weight" and ours not in expected):
+                        continue
+                    raise CheckpointError(file, f"unexpected tensor {name!r} for this architecture")
+                shape = list(f.get_slice(name).get_shape())
+                if shape != list(expected[ours]):
+                    raise CheckpointError(
+                        file,
+                        f"tensor {name!r} has shape {shape}, config.json implies {list(expected[ours])}",
+                    )
+                out[ours] = (file, name)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise CheckpointError(file, f"cannot read safetensors file, truncated or corrupt? ({e})") from e
+    return out
+
+
+def _ours_to_hf(name: str) -> str:
+    for hf in _TOP_KEYS.items():
+        if name.startswith(hf[1] + "."):
+            return hf[0] + name[len(hf[1]) :]
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    if m:
+        inverse = {v: k for k, v in _LAYER_KEYS.items()}
+        return f"model.layers.{m.group(1)}.{inverse[m.group(2)]}.{m.group(3)}"
+    return name
+
+
+def check_finite(ckpt: Checkpoint) -> None:
+    """Every floating-point tensor of the checkpoint is finite. A NaN or Inf weight would otherwise
+    surface only at the end of the build, as a program that fails to load or a gate full of NaN;
+    here it is one line naming the tensor, before any heavy work. One tensor at a time, checked a
+    block of rows at a time, so the check holds no more than a block beyond the mapped file."""
+    for file in ckpt.weight_files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    tensor = f.get_slice(name)
+                    rows = tensor.get_shape()[0] if tensor.get_shape() else 1
+                    for start in range(0, rows, 4096):
+                        block = f.get_tensor(name) if rows == 1 else tensor[start : start + 4096]
+                        if block.is_floating_point() and not bool(torch.isfinite(block).all()):
+                            raise CheckpointError(file, f"tensor {name!r} holds NaN or Inf values")
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(file, f"cannot read safetensors file, truncated or corrupt? ({e})") from e
+
+
+def digest_files(paths: list[Path]) -> str:
+    """sha256 over the names and contents of files, in order; streams, so large shards are fine."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(sha256_file(p).encode())
+    return h.hexdigest()

@@ -1,0 +1,85 @@
+"""Checkpoint -> the module that is exported, in one streamed pass, a layer at a time.
+
+A whole-model load holds every weight in fp32 (4 bytes a parameter) before quantization starts, then
+an fp32 copy of a tied head on top: 5 GB and more for a 1B model whose bf16 checkpoint is 2.5 GB. Here
+each part of the model is read from the memory-mapped safetensors, run once in fp32 on the held-out
+text (the reference logits the gate needs), cast to the recipe's dtype and quantized before the next
+part is read. What stays resident is the quantized model plus one layer in fp32.
+
+The result is the same module, tensor for tensor, as ``load_model`` + ``fp32_reference`` +
+``prepare_module`` (``tests/test_stream.py`` checks this), because each step is applied to the same
+weights in the same order; only the schedule differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..gate.validate import Reference
+from ..model.checkpoint import Checkpoint, TensorSource
+from ..model.transformer import Transformer
+from ..model.transforms import LastTokenLogits, for_export
+from ..plumbing.progress import progress
+from ..recipe import Recipe
+from .configs import quantize_embedding, quantize_linears
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _fill(
+    module: nn.Module, source: TensorSource, prefix: str, dtype: torch.dtype | None = torch.float32
+) -> None:
+    """Assign ``module``'s weights from the checkpoint tensors named ``prefix``* (None: as stored)."""
+    tensors = source.read(source.names(prefix), dtype)
+    module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items()}, strict=False, assign=True)
+
+
+def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple[LastTokenLogits, Reference]:
+    """The exported module for ``recipe`` and the eager fp32 logits on ``ids``."""
+    dtype = DTYPES[recipe.export.dtype]
+    quant = recipe.quantization
+    with torch.device("meta"):
+        model = Transformer(ckpt.args, recipe.export.max_seq_len)
+    source = TensorSource(ckpt, model)  # every name and shape checked before any weight is read
+    model.init_buffers()  # fp32 RoPE tables and caches: the reference pass runs in fp32
+    tokens = torch.tensor([list(ids)])
+    with torch.no_grad():
+        # Embedding and head, the largest tensors, stay as stored (bf16: half of fp32) and are
+        # cast and quantized a block of rows at a time; the reference uses them in fp32 all the
+        # same (a bf16 -> fp32 cast is exact).
+        _fill(model.tok_embeddings, source, "tok_embeddings.", None)
+        h = model.tok_embeddings(tokens).float()
+        if quant.embedding is None:
+            model.tok_embeddings.to(dtype)
+        else:
+            quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
+        cos, sin = model.rope_window(0, tokens.shape[1])
+        with progress("load_quantize", total=len(model.layers), unit="layer") as tick:
+            for i, layer in enumerate(model.layers):
+                _fill(layer, source, f"layers.{i}.")
+                h = layer(h, cos, sin, 0)
+                quantize_linears(layer.to(dtype), quant.linear)
+                tick()
+        _fill(model.norm, source, "norm.")
+        h = model.norm(h)
+        model.norm.to(dtype)
+        # A tied head reads the embedding's tensor again: its own copy, so embedding and head are
+        # quantized apart (as ``untie_embeddings`` does for a whole model).
+        _fill(model.output, source, "output.", None)
+        head = model.output.weight
+        rows = range(0, head.shape[0], 8192)
+        logits = torch.cat([F.linear(h, head[r : r + 8192].float()) for r in rows], -1)[0, :-1]
+        if ckpt.args.tie_word_embeddings and quant.linear is None and quant.embedding is None:
+            model.output.weight = model.tok_embeddings.weight  # nothing to quantize apart: stay tied
+        elif quant.linear is None:
+            model.output.to(dtype)
+        else:
+            quantize_linears(model.output, quant.linear, dtype)
+    for name in ("rope_cos", "rope_sin"):
+        model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
+    model.reset_cache()
+    return for_export(recipe, model), Reference(list(ids), logits)

@@ -1,0 +1,141 @@
+"""The build path of recipes that tune their quantization on the model itself: a measured
+mixed-precision plan (``quantization.mixed``) and/or quantization-aware training
+(``quantization.qat``). Both need the whole fp32 model at once (backward passes through it), so
+this path loads it whole instead of streaming a layer at a time; recipes without them keep the
+streamed path (``stream.py``) and its memory.
+
+checkpoint -> fp32 model -> reference logits on the gate's text -> plan -> QAT -> quantize ->
+source transforms. The calibration text is a shipped text held out from every gate and evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import RecipeError
+from ..gate.inputs import TEXTS
+from ..gate.validate import Reference, full_logits
+from ..model.checkpoint import Checkpoint, load_model
+from ..model.tokenizer import encode
+from ..model.transformer import ModelArgs
+from ..model.transforms import LastTokenLogits, for_export
+from ..plumbing.threads import fixed_threads
+from ..recipe import LinearQuant, Recipe
+from .configs import quantize_embedding, quantize_linears, untie_embeddings
+from .precision import choose_precisions, linears
+from .stream import DTYPES
+
+
+def calibration_ids(
+    name: str, tokenizer: Any, info: Any, recipe_file: Path
+) -> tuple[list[int], dict[str, Any]]:
+    """The shipped training text ``name`` as token ids, and what the manifest says of it."""
+    path = TEXTS / f"{name}.txt"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RecipeError(recipe_file, f"calibration text {path} cannot be read ({e.strerror})") from e
+    ids = encode(tokenizer, info, text)
+    described = {
+        "source": f"shipped:{name}",
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "tokens": len(ids),
+    }
+    return ids, described
+
+
+# Peak bytes per (untied) parameter of the whole-model path, from SmolLM2-135M (162.8 M untied
+# parameters): QAT 6.98 GB (fp32 model, teacher, fake-quantized weights, gradients, Adam's two
+# moments, activations); the mixed-precision plan alone keeps the model, a clone of each linear
+# weight, its quantized candidates and the Fisher sums.
+TUNING_BYTES_PER_PARAMETER = {"qat": 44, "mixed": 20}
+
+
+def check_tuning_memory(recipe: Recipe, args: ModelArgs, path: Path, available: int | None) -> None:
+    """Refuse, before any weight is read, a tuning that cannot fit in ``available`` bytes."""
+    quant = recipe.quantization
+    stage = "qat" if quant.qat is not None else "mixed" if quant.mixed is not None else None
+    if stage is None or available is None:
+        return
+    parameters = args.parameter_count() + (args.vocab_size * args.dim if args.tie_word_embeddings else 0)
+    needed = parameters * TUNING_BYTES_PER_PARAMETER[stage]
+    if needed > available:
+        off = (
+            "quantization.qat=false --set quantization.mixed=false"
+            if stage == "qat"
+            else "quantization.mixed=false"
+        )
+        raise RecipeError(
+            path,
+            f"quantization.{stage}: tuning this {parameters / 1e9:.2f}B-parameter model holds it whole "
+            f"(about {needed / 2**30:.1f} GiB), {available / 2**30:.1f} GiB is available; "
+            f"build without tuning: --set {off}",
+        )
+
+
+def needs_whole_model(recipe: Recipe) -> bool:
+    return recipe.quantization.mixed is not None or recipe.quantization.qat is not None
+
+
+def tuning_window(recipe: Recipe) -> int:
+    """The longest window of text the tuning runs through the model at once."""
+    quant = recipe.quantization
+    return max(
+        quant.mixed.window_tokens if quant.mixed is not None else 0,
+        quant.qat.window_tokens if quant.qat is not None else 0,
+    )
+
+
+def tuned_module(
+    ckpt: Checkpoint,
+    recipe: Recipe,
+    gate_ids: Sequence[int],
+    calibration: Sequence[int],
+) -> tuple[LastTokenLogits, Reference, dict[str, Any]]:
+    """The exported module for ``recipe``, eager fp32 logits on ``gate_ids`` and the record of
+    the tuning (plan, training) for the manifest."""
+    quant = recipe.quantization
+    base = quant.linear
+    assert base is not None  # the recipe checks that mixed/qat come with a linear scheme
+    # Tuning windows may be longer than the exported cache: tune with room for them, export with
+    # the recipe's own length.
+    model = load_model(ckpt, max(recipe.export.max_seq_len, tuning_window(recipe)))
+    reference = Reference(list(gate_ids), full_logits(model, gate_ids))
+    untie_embeddings(model)
+    record: dict[str, Any] = {}
+    plan: dict[str, LinearQuant] = dict.fromkeys(linears(model), base)
+    if quant.mixed is not None:
+        start = time.perf_counter()
+        with fixed_threads(quant.mixed.threads):
+            chosen = choose_precisions(model, base, quant.mixed, calibration)
+        plan = chosen.precision
+        record["mixed"] = {
+            **chosen.record,
+            "threads": quant.mixed.threads,
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    if quant.qat is not None:
+        from .qat import distill
+
+        record["qat"] = distill(model, plan, quant.qat, calibration)
+        record["qat"]["seconds_per_million_parameters"] = round(
+            record["qat"]["seconds"] / (ckpt.args.parameter_count() / 1e6), 3
+        )
+    else:
+        quantize_linears(model, base, plan=plan)
+    model.resize_cache(recipe.export.max_seq_len)
+    dtype = DTYPES[recipe.export.dtype]
+    with torch.no_grad():
+        if quant.embedding is not None:
+            quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
+        model.to(dtype)
+    model.init_buffers()
+    for name in ("rope_cos", "rope_sin"):
+        model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
+    return for_export(recipe, model), reference, record

@@ -1,0 +1,43 @@
+"""The whole-model tuning path: what it refuses before any weight is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.errors import RecipeError
+from exporter.model.transformer import ModelArgs
+from exporter.quant.tune import check_tuning_memory, tuning_window
+from exporter.recipe import load_recipe
+
+GiB = 2**30
+# published shapes (SmolLM2-135M; Llama-3.2-1B), tied embeddings as they ship
+SMOLLM2 = ModelArgs(576, 30, 9, 3, 64, 1536, 49152, tie_word_embeddings=True)
+LLAMA_1B = ModelArgs(2048, 16, 32, 8, 64, 8192, 128256, tie_word_embeddings=True)
+
+
+def test_a_tuning_that_cannot_fit_is_refused_naming_the_switch() -> None:
+    recipe = load_recipe("android-arm64")
+    with pytest.raises(
+        RecipeError, match=r"quantization\.qat: .*1\.50B-parameter.*--set quantization\.qat=false"
+    ):
+        check_tuning_memory(recipe, LLAMA_1B, Path("android-arm64.toml"), 24 * GiB)
+    check_tuning_memory(recipe, SMOLLM2, Path("android-arm64.toml"), 24 * GiB)  # 6.7 GiB: fits
+    with pytest.raises(RecipeError, match=r"about 6\.7 GiB"):
+        check_tuning_memory(recipe, SMOLLM2, Path("android-arm64.toml"), 4 * GiB)
+
+
+def test_recipes_that_do_not_tune_are_not_held_to_it() -> None:
+    untuned = load_recipe("android-arm64", ("quantization.qat=false", "quantization.mixed=false"))
+    check_tuning_memory(untuned, LLAMA_1B, Path("android-arm64.toml"), 1 * GiB)
+    mixed_only = load_recipe("android-arm64", ("quantization.qat=false",))
+    with pytest.raises(RecipeError, match=r"quantization\.mixed: .*--set quantization\.mixed=false"):
+        check_tuning_memory(mixed_only, LLAMA_1B, Path("android-arm64.toml"), 24 * GiB)
+    check_tuning_memory(load_recipe("android-arm64"), LLAMA_1B, Path("x.toml"), None)  # not Linux
+
+
+def test_tuning_window_is_the_longest_of_the_stages() -> None:
+    assert tuning_window(load_recipe("android-arm64")) == 256
+    assert tuning_window(load_recipe("android-arm64", ("quantization.qat=false",))) == 128
+    assert tuning_window(load_recipe("reference-fp32")) == 0

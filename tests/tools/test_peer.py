@@ -1,0 +1,133 @@
+"""The peer race's pure parts: the params.json and the command line ExecuTorch's export_llm gets, and the
+report table. Nothing is exported here."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.model.checkpoint import config_to_args
+from exporter.model.transformer import ModelArgs
+from exporter.recipe import load_recipe
+from tools.peer import SHAPES, markdown, params_json, peer_command
+
+
+def shape_args(name: str) -> ModelArgs:
+    return config_to_args(Path("config.json"), {**SHAPES[name], "max_position_embeddings": 2048}, "llama")
+
+
+def executorch_args(params: dict[str, Any]) -> Any:
+    """The ModelArgs export_llm builds from params.json (it passes the file's keys as keywords)."""
+    from executorch.examples.models.llama.model_args import ModelArgs as ExecuTorchArgs
+
+    return ExecuTorchArgs(max_seq_len=512, max_context_len=512, **params)
+
+
+def test_llama3_scaling_reaches_the_peer() -> None:
+    params = params_json(shape_args("llama-3.2-1b"))
+    assert params["use_scaled_rope"] is True
+    assert params["rope_scale_factor"] == 32 and params["high_freq_factor"] == 4
+    assert params["rope_theta"] == 500000.0 and params["head_dim"] == 64
+    assert "max_seq_len" not in params  # export_llm sets it; in params.json it would clash
+    peer = executorch_args(params)
+    assert peer.use_scaled_rope and peer.rope_scale_factor == 32  # not executorch's default 8
+    assert peer.high_freq_factor == 4 and peer.rope_freq_base == 500000.0
+
+
+def test_unscaled_rope_writes_no_factor() -> None:
+    params = params_json(shape_args("smollm2-135m"))
+    assert params["use_scaled_rope"] is False
+    assert "rope_scale_factor" not in params and "high_freq_factor" not in params
+    assert (params["dim"], params["n_layers"], params["n_kv_heads"]) == (576, 30, 3)
+    assert executorch_args(params).use_scaled_rope is False
+
+
+def test_rope_scaling_executorch_hard_codes_is_refused() -> None:
+    args = shape_args("llama-3.2-1b")
+    assert args.rope_scaling is not None
+    other = dataclasses.replace(
+        args, rope_scaling=dataclasses.replace(args.rope_scaling, low_freq_factor=2.0)
+    )
+    with pytest.raises(ValueError, match="low_freq_factor"):
+        params_json(other)
+
+
+def _command(recipe: str, *overrides: str) -> list[str]:
+    out = Path("work/peer")
+    return peer_command(
+        Path("m.pth"), Path("params.json"), out, {"get_bos_id": 0}, load_recipe(recipe, overrides)
+    )
+
+
+def _hydra_values(cmd: list[str]) -> dict[str, Any]:
+    """The command's overrides as export_llm's Hydra parses them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(
+        [a for a in cmd[3:] if not a.startswith("base.metadata")]
+    )
+    return {o.key_or_group: o.value() for o in parsed}
+
+
+def test_peer_command_takes_the_recipe_settings() -> None:
+    cmd = _command("android-arm64")
+    assert "quantization.embedding_quantize='4,32'" in cmd
+    values = _hydra_values(cmd)
+    assert values["quantization.embedding_quantize"] == "4,32"  # one string, not a Hydra list
+    assert values["export.max_seq_length"] == 512 and values["export.max_context_length"] == 512
+    assert values["quantization.qmode"] == "8da4w" and values["quantization.group_size"] == 32
+    assert values["quantization.use_hqq"] is False  # the recipe's affine scales, not the peer's HQQ
+    assert values["base.model_class"] == "llama3"  # keeps params.json's rope_scale_factor
+    # absolute: export_llm runs inside its output folder
+    assert values["export.output_name"] == str(Path("work/peer/model.pte").resolve())
+    assert values["base.checkpoint"] == str(Path("m.pth").resolve())
+
+
+def test_peer_command_follows_overrides() -> None:
+    cmd = _command(
+        "android-arm64",
+        "export.max_seq_len=256",
+        "quantization.embedding.bits=8",
+        "quantization.embedding.group_size=64",
+        "quantization.linear.group_size=64",
+    )
+    values = _hydra_values(cmd)
+    assert values["quantization.embedding_quantize"] == "8,64"
+    assert values["export.max_seq_length"] == 256 and values["export.max_context_length"] == 256
+    assert values["quantization.group_size"] == 64
+
+
+def test_peer_command_refuses_a_recipe_it_cannot_match() -> None:
+    with pytest.raises(ValueError, match="XNNPACK"):
+        _command("server-x86-int4")
+
+
+def _race(name: str, perplexity: bool) -> dict[str, Any]:
+    row = {
+        "export_wall_s": 10.0,
+        "export_peak_rss_mb": 900.0,
+        "pte_mb": 45.6,
+        "prefill_tokens_per_s": 500.0,
+        "decode_tokens_per_s": 80.0,
+    }
+    if perplexity:
+        row |= {"perplexity_ratio_prose": 1.08, "perplexity_ratio_code": 1.04}
+    race: dict[str, Any] = {"checkpoint": f"ckpts/{name}", "parameters": 4.2e6}
+    race |= {"ours": row, "peer": row, "ours_over_peer": {k: 1.0 for k in row}}
+    return race | ({"fp32_perplexity": {"prose": 12.5, "code": 3.25}} if perplexity else {})
+
+
+def test_markdown_leaves_random_weight_perplexity_blank() -> None:
+    text = markdown([_race("pycode-4m", True), _race("llama-3.2-1b", False)])
+    lines = text.splitlines()
+    random_rows = [line for line in lines if line.startswith("| llama-3.2-1b |")]
+    real_rows = [line for line in lines if line.startswith("| pycode-4m |")]
+    assert len(random_rows) == 3 and len(real_rows) == 3
+    assert [row.count("—") for row in random_rows] == [2, 2, 2]
+    assert random_rows[1].endswith("| peer | 10 | 900 | 45.6 | 500 | 80 | — | — |"), random_rows[1]
+    assert real_rows[0].endswith("| 80 | 1.08 | 1.04 |"), real_rows[0]
+    assert "pycode-4m: fp32 eager perplexity prose 12.5, code 3.25" in text
+    assert "llama-3.2-1b: random weights, perplexity not reported" in text

@@ -1,0 +1,98 @@
+"""Regenerate the shipped texts in ``exporter/data/texts/`` from CPython's standard library.
+
+Every text is verbatim CPython 3.11 (PSF licence), frozen in the repository so that a gate, an
+evaluation or a calibration gives the same figures on any machine, whatever its Python:
+
+- ``prose.txt`` (held out): the reference-manual topic "import" (``pydoc_data.topics``);
+- ``code.txt`` (held out): the modules ``bisect`` and ``colorsys``;
+- ``calibration.txt``: what sensitivity search and quantization-aware training may read: other
+  reference-manual topics and other modules, interleaved a section at a time.
+
+No text used for calibration or training shares a paragraph with a held-out text (the gate's
+``prose-and-code`` included); ``disjoint`` checks it and ``tests/test_texts.py`` runs it.
+
+    python -m tools.texts     # rewrites the files (run under CPython 3.11)
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import exporter
+
+TEXTS = Path(exporter.__file__).resolve().parent / "data" / "texts"
+
+PROSE_TOPICS = ("import",)
+CODE_MODULES = ("bisect", "colorsys")
+# The gate's prose-and-code text is made of these; "execmodel" holds "naming" and "exceptions".
+GATE_TOPICS = ("exceptions", "execmodel", "truth", "naming")
+GATE_MODULES = ("textwrap", "shlex", "fnmatch")
+CALIBRATION_MODULES = (
+    "heapq",
+    "queue",
+    "string",
+    "contextlib",
+    "graphlib",
+    "sched",
+    "fractions",
+    "statistics",
+)
+CALIBRATION_BYTES = 160_000  # ~40k tokens: 300 windows of 128 tokens
+
+
+def _reflow(topic: str) -> str:
+    """A topic as paragraphs of one line each (the manual wraps them at 70 columns)."""
+    paragraphs = [" ".join(p.split()) for p in topic.split("\n\n")]
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def _module(name: str) -> str:
+    return (Path(sysconfig.get_paths()["stdlib"]) / f"{name}.py").read_text(encoding="utf-8")
+
+
+def paragraphs(text: str) -> set[str]:
+    """Paragraphs long enough to be distinctive, whitespace-normalised."""
+    return {" ".join(p.split()) for p in text.split("\n\n") if len(p) >= 80}
+
+
+def disjoint(calibration: str, held_out: list[str]) -> list[str]:
+    """Paragraphs of the held-out texts that also appear in the calibration text."""
+    flat = " ".join(calibration.split())
+    return [p[:60] for text in held_out for p in paragraphs(text) if p in flat]
+
+
+def build() -> dict[str, str]:
+    from pydoc_data.topics import topics
+
+    prose = "\n\n".join(_reflow(topics[t]) for t in PROSE_TOPICS)
+    code = "\n\n".join(_module(m) for m in CODE_MODULES)
+    excluded = set(PROSE_TOPICS) | set(GATE_TOPICS)
+    prose_parts = [_reflow(topics[t]) for t in sorted(topics) if t not in excluded]
+    code_parts = [_module(m) for m in CALIBRATION_MODULES]
+    mixed: list[str] = []
+    for i in range(max(len(prose_parts), len(code_parts))):
+        mixed += [p[i] for p in (prose_parts, code_parts) if i < len(p)]
+    calibration = ""
+    for part in mixed:
+        if len(calibration) + len(part) > CALIBRATION_BYTES:
+            part = part[: CALIBRATION_BYTES - len(calibration)]
+        calibration += part + "\n\n"
+        if len(calibration) >= CALIBRATION_BYTES:
+            break
+    return {"prose": prose, "code": code, "calibration": calibration}
+
+
+def main() -> None:
+    texts = build()
+    gate = (TEXTS / "prose-and-code.txt").read_text(encoding="utf-8")
+    shared = disjoint(texts["calibration"], [texts["prose"], texts["code"], gate])
+    if shared:
+        raise SystemExit(f"calibration text shares paragraphs with held-out text: {shared}")
+    for name, text in texts.items():
+        (TEXTS / f"{name}.txt").write_text(text, encoding="utf-8")
+        print(f"{name}.txt: {len(text)} characters")
+
+
+if __name__ == "__main__":
+    main()
