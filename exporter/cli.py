@@ -153,14 +153,15 @@ def inspect(artifact_dir: Path, as_json: bool) -> None:
     "--text",
     "text_file",
     type=click.Path(path_type=Path),
-    help="A shipped text (prose, code, prose-and-code) or a file (default: the text the gate scored).",
+    help="A shipped text (other-prose, other-code, prose, code, prose-and-code) or a file "
+    "(default: the text the gate scored).",
 )
 @click.option(
     "--checkpoint",
     type=click.Path(path_type=Path),
     help="Checkpoint the artifact was built from (default: shipped model).",
 )
-@click.option("--max-tokens", default=511, show_default=True, type=click.IntRange(1))
+@click.option("--max-tokens", default=2048, show_default=True, type=click.IntRange(1))
 def evaluate(artifact_dir: Path, text_file: Path | None, checkpoint: Path | None, max_tokens: int) -> None:
     """Teacher-forced perplexity, top-1 agreement and KL of an artifact vs eager fp32 (JSON)."""
     from .measure.evaluate import evaluate as run_eval

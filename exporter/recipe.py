@@ -153,6 +153,46 @@ class QuantizationAwareTraining:
 
 
 @dataclass(frozen=True)
+class StreamedGptq:
+    """Tuning in memory bounded by one block (``exporter/quant/sequential.py``): the checkpoint is
+    visited a block at a time; each linear is solved by GPTQ onto the recipe's grid with the
+    Hessian of its inputs as the already-quantized blocks before it produce them on ``windows``
+    windows of calibration text; within each block, the linears whose int8 version lowers the
+    block's measured output error most per extra byte go int8 per channel, up to
+    ``int8_size_ratio`` times the block's all-int4 bytes (1.0: none)."""
+
+    windows: int = 32
+    window_tokens: int = 256
+    # GPTQ's dampening of the Hessian, times its mean diagonal
+    damp: float = 0.01
+    # columns in order of decreasing input energy, group scales fixed before the solve
+    act_order: bool = False
+    # each group's scale shrunk from its absolute maximum where that rounds with less error
+    clip_search: bool = False
+    # the output projection's weights: 4 (the recipe's int4 groups) or 8 (int8 per channel)
+    head_bits: int = 4
+    int8_size_ratio: float = 1.18
+    # windows on which each block's output error is measured for the int8 choice
+    measure_windows: int = 4
+    text: str = "calibration"
+    # fixed: the Hessian sums and the block forwards depend on the thread count
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        _positive("windows", self.windows)
+        _positive("window_tokens", self.window_tokens)
+        if not 0 <= self.damp < 1:
+            raise _Invalid("damp", f"must be in [0, 1), got {self.damp!r}")
+        if self.int8_size_ratio < 1:
+            raise _Invalid("int8_size_ratio", f"must be >= 1, got {self.int8_size_ratio}")
+        _one_of("head_bits", self.head_bits, (4, 8))
+        if not 0 < self.measure_windows <= self.windows:
+            raise _Invalid("measure_windows", f"must be in [1, windows], got {self.measure_windows}")
+        _one_of("text", self.text, TRAINING_TEXTS)
+        _positive("threads", self.threads)
+
+
+@dataclass(frozen=True)
 class EmbeddingQuant:
     bits: int = 4
     group_size: int = 32
@@ -168,9 +208,15 @@ class Quantization:
     embedding: EmbeddingQuant | None = None
     mixed: MixedPrecision | None = None
     qat: QuantizationAwareTraining | None = None
+    gptq: StreamedGptq | None = None
 
     def __post_init__(self) -> None:
-        tuned = [k for k in ("mixed", "qat") if getattr(self, k) is not None]
+        tuned = [k for k in ("mixed", "qat", "gptq") if getattr(self, k) is not None]
+        if self.gptq is not None and len(tuned) > 1:
+            # the streamed path never holds the whole model, which both whole-model tunings need
+            raise _Invalid(
+                "gptq", "is a tuning of its own: set quantization.mixed and quantization.qat to false"
+            )
         if self.mixed is not None and self.qat is not None and self.mixed.text != self.qat.text:
             raise _Invalid("qat.text", "must be the same text as quantization.mixed.text")
         if tuned and (self.linear is None or self.linear.scheme != "8da4w"):
@@ -281,7 +327,7 @@ class Recipe:
 
     def calibration_text(self) -> str | None:
         """The shipped text the quantization is tuned on, if it is tuned at all."""
-        tuned = self.quantization.mixed or self.quantization.qat
+        tuned = self.quantization.mixed or self.quantization.qat or self.quantization.gptq
         return None if tuned is None else tuned.text
 
     def digest(self) -> str:

@@ -42,6 +42,7 @@ from ..plumbing.memory import available_memory_bytes, peak_rss_mb, release_memor
 from ..plumbing.native_logs import native_logs_captured
 from ..plumbing.threads import fixed_threads
 from ..quant.configs import precision_map, quantize_model
+from ..quant.sequential import gptq_module
 from ..quant.stream import DTYPES, stream_module
 from ..quant.tune import calibration_ids, check_tuning_memory, needs_whole_model, tuned_module
 from ..recipe import Recipe, load_recipe, recipe_path
@@ -163,7 +164,8 @@ def eager_module(recipe: Recipe, ckpt: Checkpoint) -> torch.nn.Module:
         return prepare_module(recipe, load_model(ckpt, recipe.export.max_seq_len))
     tok = load_tokenizer(ckpt.tokenizer_path)
     ids, _ = calibration_ids(name, tok, tokenizer_info(ckpt.path, ckpt.config, tok), Path(recipe.name))
-    return tuned_module(ckpt, recipe, [0, 0], ids)[0]
+    tune = gptq_module if recipe.quantization.gptq is not None else tuned_module
+    return tune(ckpt, recipe, [0, 0], ids)[0]
 
 
 def failed_path(target: Path) -> Path:
@@ -211,9 +213,10 @@ def _build_into(
     with stage(timings, "load_quantize"), fixed_threads(measuring):
         check_finite(ckpt)
         tuning: dict[str, Any] = {}
-        if needs_whole_model(recipe):
+        if needs_whole_model(recipe) or recipe.quantization.gptq is not None:
             assert inputs.calibration is not None  # prepare() reads it for every tuned recipe
-            module, reference, tuning = tuned_module(ckpt, recipe, gate.ids, inputs.calibration[0])
+            tune = gptq_module if recipe.quantization.gptq is not None else tuned_module
+            module, reference, tuning = tune(ckpt, recipe, gate.ids, inputs.calibration[0])
             tuning["calibration_text"] = inputs.calibration[1]
         else:
             module, reference = stream_module(ckpt, recipe, gate.ids)

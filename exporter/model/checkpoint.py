@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch import nn
 
 from ..errors import CheckpointError
 from ..plumbing.hashing import sha256_file
@@ -359,3 +360,11 @@ def digest_files(paths: list[Path]) -> str:
         h.update(p.name.encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def fill(
+    module: nn.Module, source: TensorSource, prefix: str, dtype: torch.dtype | None = torch.float32
+) -> None:
+    """Assign ``module``'s weights from the checkpoint tensors named ``prefix``* (None: as stored)."""
+    tensors = source.read(source.names(prefix), dtype)
+    module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items()}, strict=False, assign=True)

@@ -17,10 +17,9 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..gate.validate import Reference
-from ..model.checkpoint import Checkpoint, TensorSource
+from ..model.checkpoint import Checkpoint, TensorSource, fill
 from ..model.transformer import Transformer
 from ..model.transforms import LastTokenLogits, for_export
 from ..plumbing.progress import progress
@@ -28,14 +27,6 @@ from ..recipe import Recipe
 from .configs import quantize_embedding, quantize_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _fill(
-    module: nn.Module, source: TensorSource, prefix: str, dtype: torch.dtype | None = torch.float32
-) -> None:
-    """Assign ``module``'s weights from the checkpoint tensors named ``prefix``* (None: as stored)."""
-    tensors = source.read(source.names(prefix), dtype)
-    module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items()}, strict=False, assign=True)
 
 
 def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple[LastTokenLogits, Reference]:
@@ -51,7 +42,7 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         # Embedding and head, the largest tensors, stay as stored (bf16: half of fp32) and are
         # cast and quantized a block of rows at a time; the reference uses them in fp32 all the
         # same (a bf16 -> fp32 cast is exact).
-        _fill(model.tok_embeddings, source, "tok_embeddings.", None)
+        fill(model.tok_embeddings, source, "tok_embeddings.", None)
         h = model.tok_embeddings(tokens).float()
         if quant.embedding is None:
             model.tok_embeddings.to(dtype)
@@ -60,16 +51,16 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         cos, sin = model.rope_window(0, tokens.shape[1])
         with progress("load_quantize", total=len(model.layers), unit="layer") as tick:
             for i, layer in enumerate(model.layers):
-                _fill(layer, source, f"layers.{i}.")
+                fill(layer, source, f"layers.{i}.")
                 h = layer(h, cos, sin, 0)
                 quantize_linears(layer.to(dtype), quant.linear)
                 tick()
-        _fill(model.norm, source, "norm.")
+        fill(model.norm, source, "norm.")
         h = model.norm(h)
         model.norm.to(dtype)
         # A tied head reads the embedding's tensor again: its own copy, so embedding and head are
         # quantized apart (as ``untie_embeddings`` does for a whole model).
-        _fill(model.output, source, "output.", None)
+        fill(model.output, source, "output.", None)
         head = model.output.weight
         rows = range(0, head.shape[0], 8192)
         logits = torch.cat([F.linear(h, head[r : r + 8192].float()) for r in rows], -1)[0, :-1]

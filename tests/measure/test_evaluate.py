@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from exporter.errors import ArtifactError
 from exporter.measure.evaluate import eval_path, evaluate, read_evals
@@ -27,6 +29,31 @@ def test_eval_scores_and_files_beside_the_artifact(
     assert read_evals(tiny_artifact, manifest)["file:t.txt"] == result
     # the sealed folder is left as it was built
     assert {p.name: p.read_bytes() for p in tiny_artifact.iterdir()} == before
+
+
+def test_a_text_longer_than_the_cache_is_scored_in_windows_with_an_interval(
+    tiny_artifact: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    text = tmp_path / "long.txt"
+    text.write_text("".join(f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(200)))
+    result = evaluate(tiny_artifact, text, tiny_checkpoint, max_tokens=300)  # cache: 128 positions
+    assert result["tokens_scored"] == 300 and result["windows"] == 3
+    low, high = result["perplexity_ratio_interval"]
+    assert low <= result["perplexity_ratio"] <= high and high - low < 1e-3  # fp32: no spread
+
+
+def test_the_interval_covers_a_known_ratio_and_narrows_with_more_tokens() -> None:
+    from exporter.measure.evaluate import ratio_interval
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.rand(4096, generator=g) * 4
+    art = ref + 0.05 + torch.randn(4096, generator=g) * 0.5  # true ratio exp(0.05)
+    interval, short = ratio_interval(art, ref), ratio_interval(art[:512], ref[:512])
+    assert interval is not None and short is not None
+    low, high = interval
+    assert low < math.exp(0.05) < high
+    assert short[1] - short[0] > high - low
+    assert ratio_interval(art[:40], ref[:40]) is None  # a single block: no interval
 
 
 def test_eval_results_of_another_build_are_ignored(tmp_path: Path) -> None:

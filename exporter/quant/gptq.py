@@ -1,0 +1,176 @@
+"""GPTQ onto the XNNPACK grids, solved on the CPU: the one place where we write quantization math.
+
+Why ours: torchao 0.18's ``prototype.gptq`` targets Int4WeightOnly / Int8WeightOnly / NVFP4 only and
+its solve asserts CUDA; our target is the 8da4w grid XNNPACK runs (symmetric int4, groups of 32,
+bf16 scales) and 8da8w (symmetric int8, one fp32 scale per output channel). The solve is
+Frantar et al.'s (arXiv 2210.17323, Algorithm 1 with lazy batch updates and groups): columns are
+quantized left to right and each column's rounding error, weighted by the inverse Hessian of the
+layer's inputs, is pushed onto the columns not yet quantized.
+
+What comes out are codes and scales on exactly the grid torchao's affine algorithm uses (scale =
+max |w| / ((qmax - qmin) / 2), round half to even, clamp), and ``to_torchao`` hands them to
+torchao's own ``IntxUnpackedToInt8Tensor.from_hp`` with those scales (the constructor the 8da
+configs call), so export and lowering see the tensor an untuned build makes, other codes only.
+With an identity Hessian the solve is round-to-nearest and equals torchao's output
+(``tests/quant/test_gptq.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..recipe import LinearQuant
+
+# (qmin, qmax) of the target grids
+BOUNDS = {"8da4w": (-8, 7), "8da8w": (-128, 127)}
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A linear weight on the target grid: ``codes`` [out, in] int8, ``scales`` [out, in / group]."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    group_size: int
+
+    def dequantize(self) -> torch.Tensor:
+        return (
+            self.codes.float().view(self.codes.shape[0], -1, self.group_size) * self.scales.float()[..., None]
+        ).flatten(1)
+
+
+# Shrink factors of the absolute-maximum scale tried by the clipping search: clipping a group's
+# few largest weights buys a finer grid for all the others.
+CLIP_GRID = tuple(1.0 - 0.025 * i for i in range(13))  # 1.0 .. 0.7
+
+
+def _scales(w: torch.Tensor, q: LinearQuant, energy: torch.Tensor | None = None) -> torch.Tensor:
+    """Scales of the groups of ``w`` [out, group] in the dtype the .pte stores (bf16 for groups,
+    fp32 per channel): torchao's symmetric affine choice (absolute maximum), or, given the inputs'
+    ``energy`` [group] (the Hessian's diagonal), the shrink of it from ``CLIP_GRID`` that leaves the
+    least energy-weighted rounding error per group."""
+    qmin, qmax = BOUNDS[q.scheme]
+    absmax = w.abs().amax(dim=1) / ((qmax - qmin) / 2)
+
+    def narrowed(factor: float) -> torch.Tensor:
+        scale = (absmax * factor).clamp(min=torch.finfo(torch.float32).smallest_normal)
+        return scale.to(torch.bfloat16) if q.scheme == "8da4w" else scale
+
+    if energy is None:
+        return narrowed(1.0)
+    best, best_err = narrowed(1.0), torch.full_like(absmax, torch.inf)
+    for factor in CLIP_GRID:
+        scale = narrowed(factor)
+        err = ((w - _round(w, scale[:, None], q) * scale.float()[:, None]).square() * energy).sum(1)
+        better = err < best_err
+        best, best_err = torch.where(better, scale, best), torch.where(better, err, best_err)
+    return best
+
+
+def _round(w: torch.Tensor, scale: torch.Tensor, q: LinearQuant) -> torch.Tensor:
+    """torchao's rounding to the grid: the reciprocal is taken in the scale's own dtype (bf16 for
+    8da4w), as ``quantize_affine`` does after the config narrows the scales."""
+    qmin, qmax = BOUNDS[q.scheme]
+    return torch.clamp(torch.round(w * (1.0 / scale)), qmin, qmax)
+
+
+def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The upper Cholesky factor of H^-1 (dampened by ``damp`` times H's mean diagonal) and the mask
+    of dead inputs (never nonzero on the calibration text: their weights do not matter)."""
+    h = hessian.double().clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    h += damp * torch.mean(torch.diag(h)) * torch.eye(h.shape[0], dtype=h.dtype)
+    for attempt in range(5):
+        factor, info = torch.linalg.cholesky_ex(h)
+        if int(info) == 0:
+            break
+        # ill-conditioned on a short text: dampen more (GPTQ's own remedy)
+        h += (10**attempt) * damp * torch.mean(torch.diag(h)) * torch.eye(h.shape[0], dtype=h.dtype)
+    inverse = torch.cholesky_inverse(factor)
+    return torch.linalg.cholesky(inverse, upper=True).float(), dead
+
+
+def solve(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    q: LinearQuant,
+    damp: float = 0.01,
+    block: int = 128,
+    factor: tuple[torch.Tensor, torch.Tensor] | None = None,
+    act_order: bool = False,
+    clip_search: bool = False,
+) -> Quantized:
+    """GPTQ of ``weight`` [out, in] with input Hessian ``hessian`` [in, in] (sum of x x^T) onto the
+    grid of ``q`` (8da4w groups or 8da8w per channel). ``factor``: ``inverse_hessian_factor``'s
+    result, when several weights share the Hessian. ``act_order``: columns in order of decreasing
+    Hessian diagonal (the inputs with most energy first), with every group's scale fixed from the
+    weight before the solve ("static groups"), so the grid stays the one XNNPACK reads.
+    ``clip_search``: each group's scale is the shrink of its absolute maximum that rounds with the
+    least error weighted by the inputs' energy (``_scales``)."""
+    w = weight.detach().float().clone()
+    rows, cols = w.shape
+    group = cols if q.scheme == "8da8w" else q.group_size
+    assert cols % group == 0 and (group == cols or block % group == 0), (cols, group, block)
+    static = act_order or group == cols  # scales fixed before the solve
+    if act_order:
+        assert factor is None, "act_order permutes the Hessian: no shared factor"
+        order = torch.argsort(torch.diag(hessian), descending=True)
+        hessian = hessian[order][:, order]
+    else:
+        order = torch.arange(cols)
+    hinv, dead = factor if factor is not None else inverse_hessian_factor(hessian, damp)
+    scales = torch.zeros(rows, cols // group, dtype=torch.bfloat16 if q.scheme == "8da4w" else torch.float32)
+    energy = torch.diag(hessian).float().clamp(min=0) if clip_search else None  # permuted as hessian
+    if static:
+        w[:, order[dead]] = 0
+        own = None if energy is None else torch.empty(cols).index_copy_(0, order, energy)
+        for g in range(cols // group):
+            span = slice(g * group, (g + 1) * group)
+            scales[:, g] = _scales(w[:, span], q, None if own is None else own[span])
+    w = w[:, order]
+    w[:, dead] = 0
+    codes = torch.zeros_like(w)
+    for start in range(0, cols, block):
+        end = min(start + block, cols)
+        w1, err1, h1 = w[:, start:end].clone(), torch.zeros(rows, end - start), hinv[start:end, start:end]
+        for i in range(end - start):
+            col = start + i
+            if not static and col % group == 0:
+                part = None if energy is None else energy[col : col + group]
+                scales[:, col // group] = _scales(w1[:, i : i + group], q, part)
+            scale = scales[:, int(order[col]) // group]
+            c = _round(w1[:, i], scale, q)
+            codes[:, col] = c
+            err = (w1[:, i] - c * scale.float()) / h1[i, i]
+            w1[:, i:] -= err[:, None] * h1[i, i:][None, :]
+            err1[:, i] = err
+        w[:, end:] -= err1 @ hinv[start:end, end:]
+    restored = torch.empty_like(codes)
+    restored[:, order] = codes
+    return Quantized(restored.to(torch.int8), scales, group)
+
+
+def proxy_loss(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> float:
+    """sum over calibration inputs x of |(W - Q) x|^2: the layer's output error on that text."""
+    delta = weight.float() - quantized.float()
+    return float(torch.einsum("oi,ij,oj->", delta, hessian, delta))
+
+
+def to_torchao(quantized: Quantized, q: LinearQuant, dtype: torch.dtype) -> torch.Tensor:
+    """The weight tensor the 8da config would make, with our codes and scales (zero points 0, int8
+    per-token asymmetric activations, logical dtype ``dtype``)."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    target = torch.int4 if q.scheme == "8da4w" else torch.int8  # type: ignore[attr-defined]
+    return IntxUnpackedToInt8Tensor(
+        quantized.codes,
+        quantized.scales,
+        torch.zeros_like(quantized.scales, dtype=torch.int8),
+        target,
+        (1, quantized.group_size),
+        dtype,
+        "int8_asym_per_token",
+    )

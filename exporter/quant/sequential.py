@@ -1,0 +1,274 @@
+"""Tuned quantization in memory bounded by one block: sequential GPTQ, streamed from the checkpoint.
+
+The untuned path (``stream.py``) reads one block at a time from the memory-mapped checkpoint; this
+keeps that property and tunes on the way. Calibration windows enter as embeddings; for each block:
+
+1. its fp32 weights are read; it runs on the gate's text in fp32 (the reference logits) and, with
+   hooks on its linears, on the calibration activations the quantized blocks before it produced,
+   summing each input's Hessian ``X^T X`` (q/k/v share one, gate/up another);
+2. every linear is solved by GPTQ onto the recipe's int4 grid (``gptq.py``);
+3. the int8 choice: the block's output error against its fp32 output is measured on a few windows
+   with every linear int4, then with each linear alone int8 per channel (GPTQ too); linears are
+   raised in order of error removed per extra byte while the block stays within
+   ``int8_size_ratio`` times its all-int4 bytes;
+4. the calibration activations go through the quantized block to become the next block's inputs,
+   and the block's weights become torchao tensors.
+
+The working set is one fp32 block, its Hessians ([in, in] per distinct input), the calibration
+activations (windows x tokens x dim, fp32) and the quantized model; the head is solved last, in
+blocks of rows, with the Hessian of the final norm's outputs. No fp32 copy of the model, no teacher
+logits: the memory grows with the widest block, not with depth.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..gate.validate import Reference
+from ..model.checkpoint import Checkpoint, TensorSource, fill
+from ..model.transformer import Transformer, TransformerBlock
+from ..model.transforms import LastTokenLogits, for_export
+from ..plumbing.progress import progress
+from ..plumbing.threads import fixed_threads
+from ..recipe import LinearQuant, Recipe, StreamedGptq
+from .configs import quantize_embedding, stored_bytes_estimate
+from .gptq import Quantized, inverse_hessian_factor, solve, to_torchao
+from .stream import DTYPES
+
+INT8 = LinearQuant(scheme="8da8w", group_size=0)
+# Linears whose input is another's: one Hessian serves them all.
+SHARED_INPUT = {
+    "attention.wk": "attention.wq",
+    "attention.wv": "attention.wq",
+    "feed_forward.w3": "feed_forward.w1",
+}
+HEAD_ROWS = 8192  # rows of the head solved at a time (rows are independent given the Hessian)
+
+
+def calibration_windows(ids: Sequence[int], settings: StreamedGptq) -> list[list[int]]:
+    """``windows`` consecutive windows of ``window_tokens`` tokens, spread over the whole text."""
+    length = settings.window_tokens
+    count = len(ids) // length
+    if count < settings.windows:
+        raise ValueError(
+            f"calibration text has {count} windows of {length} tokens, quantization.gptq.windows "
+            f"asks for {settings.windows}"
+        )
+    stride = count // settings.windows
+    return [list(ids[i * stride * length : (i * stride + 1) * length]) for i in range(settings.windows)]
+
+
+def block_linears(block: nn.Module) -> dict[str, nn.Linear]:
+    return {n: m for n, m in block.named_modules() if isinstance(m, nn.Linear)}
+
+
+def block_hessians(
+    block: TransformerBlock, xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, keep: int
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Input Hessians of the block's linears over ``xs``, and the block's outputs on the first
+    ``keep`` windows (the fp32 targets of the int8 choice)."""
+    linears = block_linears(block)
+    sums = {n: torch.zeros(m.in_features, m.in_features) for n, m in linears.items() if n not in SHARED_INPUT}
+
+    def hook(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
+        def add(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            x = args[0].reshape(-1, args[0].shape[-1]).float()
+            sums[name].addmm_(x.T, x)
+
+        return add
+
+    handles = [linears[n].register_forward_pre_hook(hook(n)) for n in sums]
+    targets = []
+    try:
+        for i, x in enumerate(xs):
+            y = block(x, cos, sin, 0)
+            if i < keep:
+                targets.append(y)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: sums[SHARED_INPUT.get(n, n)] for n in linears}, targets
+
+
+def _set_weights(linears: dict[str, nn.Linear], weights: dict[str, torch.Tensor]) -> None:
+    for name, w in weights.items():
+        linears[name].weight.data = w
+
+
+def _output_error(
+    block: TransformerBlock,
+    xs: Sequence[torch.Tensor],
+    ys: Sequence[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> float:
+    return sum(float((block(x, cos, sin, 0) - y).square().sum()) for x, y in zip(xs, ys, strict=True))
+
+
+def choose_int8(
+    block: TransformerBlock,
+    int4: dict[str, Quantized],
+    int8: dict[str, Quantized],
+    probe: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor, torch.Tensor],
+    base: LinearQuant,
+    ratio: float,
+) -> tuple[set[str], dict[str, float]]:
+    """The linears of ``block`` raised to int8 (see the module's docstring, step 3), and the block's
+    measured output error with all int4 and with the choice, relative to its output's energy."""
+    linears = block_linears(block)
+    xs, ys, cos, sin = probe
+    _set_weights(linears, {n: q.dequantize() for n, q in int4.items()})
+    all4 = _output_error(block, xs, ys, cos, sin)
+    extra = {
+        n: stored_bytes_estimate(linears[n].weight.shape, INT8)
+        - stored_bytes_estimate(linears[n].weight.shape, base)
+        for n in linears
+    }
+    budget = (ratio - 1) * sum(stored_bytes_estimate(m.weight.shape, base) for m in linears.values())
+    gains = {}
+    if ratio > 1:
+        for name in linears:
+            linears[name].weight.data = int8[name].dequantize()
+            gains[name] = all4 - _output_error(block, xs, ys, cos, sin)
+            linears[name].weight.data = int4[name].dequantize()
+    chosen: set[str] = set()
+    for name in sorted(gains, key=lambda n: gains[n] / extra[n], reverse=True):
+        if gains[name] > 0 and extra[name] <= budget:
+            chosen.add(name)
+            budget -= extra[name]
+    _set_weights(linears, {n: int8[n].dequantize() for n in chosen})
+    energy = sum(float(y.square().sum()) for y in ys)
+    final = _output_error(block, xs, ys, cos, sin) if chosen else all4
+    return chosen, {"int4": all4 / energy, "chosen": final / energy}
+
+
+def tune_block(
+    block: TransformerBlock,
+    xs: list[torch.Tensor],
+    rope: tuple[torch.Tensor, torch.Tensor],
+    settings: StreamedGptq,
+    base: LinearQuant,
+    dtype: torch.dtype,
+) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Quantize one fp32 block in place (torchao tensors); returns the next block's inputs."""
+    cos, sin = rope
+    hessians, targets = block_hessians(block, xs, cos, sin, settings.measure_windows)
+    linears = block_linears(block)
+    weights = {n: m.weight.detach().float().clone() for n, m in linears.items()}
+    int4 = {n: solve(weights[n], hessians[n], base, settings.damp) for n in linears}
+    int8 = (
+        {n: solve(weights[n], hessians[n], INT8, settings.damp) for n in linears}
+        if settings.int8_size_ratio > 1
+        else {}
+    )
+    probe = (xs[: settings.measure_windows], targets, cos, sin)
+    chosen, errors = choose_int8(block, int4, int8, probe, base, settings.int8_size_ratio)
+    # weights are the chosen dequantized ones now: the next inputs come from the quantized block
+    outputs = [block(x, cos, sin, 0) for x in xs]
+    block.to(dtype)  # before the torchao tensors: a cast would widen their bf16 scales
+    for name, linear in linears.items():
+        q, solved = (INT8, int8[name]) if name in chosen else (base, int4[name])
+        linear.weight = nn.Parameter(to_torchao(solved, q, dtype), requires_grad=False)
+    return outputs, {"int8": sorted(chosen), **errors}
+
+
+def solve_head(
+    head: torch.Tensor, hessian: torch.Tensor, q: LinearQuant, settings: StreamedGptq, dtype: torch.dtype
+) -> torch.Tensor:
+    """The head (as stored, e.g. bf16) solved a block of rows at a time."""
+    damp, act_order = settings.damp, settings.act_order
+    factor = None if act_order else inverse_hessian_factor(hessian, damp)
+    rows = range(0, head.shape[0], HEAD_ROWS)
+    parts = [
+        solve(
+            head[r : r + HEAD_ROWS].float(),
+            hessian,
+            q,
+            damp,
+            factor=factor,
+            act_order=act_order,
+            clip_search=settings.clip_search,
+        )
+        for r in rows
+    ]
+    codes, scales = torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts])
+    return to_torchao(Quantized(codes, scales, parts[0].group_size), q, dtype)
+
+
+def gptq_module(
+    ckpt: Checkpoint, recipe: Recipe, gate_ids: Sequence[int], calibration: Sequence[int]
+) -> tuple[LastTokenLogits, Reference, dict[str, Any]]:
+    """The exported module for a recipe with ``quantization.gptq``, the eager fp32 logits on
+    ``gate_ids`` and the record of the tuning for the manifest."""
+    quant = recipe.quantization
+    settings, base = quant.gptq, quant.linear
+    assert settings is not None and base is not None  # the recipe checks gptq comes with 8da4w
+    dtype = DTYPES[recipe.export.dtype]
+    windows = calibration_windows(calibration, settings)
+    start = time.perf_counter()
+    with torch.device("meta"):
+        model = Transformer(ckpt.args, max(recipe.export.max_seq_len, settings.window_tokens))
+    source = TensorSource(ckpt, model)
+    model.init_buffers()
+    gate = torch.tensor([list(gate_ids)])
+    blocks: list[dict[str, Any]] = []
+    with torch.no_grad(), fixed_threads(settings.threads):
+        fill(model.tok_embeddings, source, "tok_embeddings.", None)
+        h = model.tok_embeddings(gate).float()
+        xs = [model.tok_embeddings(torch.tensor([w])).float() for w in windows]
+        quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
+        gate_rope = model.rope_window(0, gate.shape[1])
+        rope = model.rope_window(0, settings.window_tokens)
+        with progress("gptq", total=len(model.layers), unit="block") as tick:
+            for i, layer in enumerate(model.layers):
+                assert isinstance(layer, TransformerBlock)
+                fill(layer, source, f"layers.{i}.")
+                h = layer(h, *gate_rope, 0)
+                xs, record = tune_block(layer, xs, rope, settings, base, dtype)
+                blocks.append(record)
+                tick()
+        fill(model.norm, source, "norm.")
+        h = model.norm(h)
+        xs = [model.norm(x) for x in xs]
+        model.norm.to(dtype)
+        fill(model.output, source, "output.", None)
+        head = model.output.weight
+        logits = torch.cat(
+            [F.linear(h, head[r : r + HEAD_ROWS].float()) for r in range(0, head.shape[0], HEAD_ROWS)], -1
+        )[0, :-1]
+        hessian = sum(
+            (x.reshape(-1, x.shape[-1]).T @ x.reshape(-1, x.shape[-1]) for x in xs),
+            torch.zeros(head.shape[1], head.shape[1]),
+        )
+        model.output.weight = nn.Parameter(
+            solve_head(head, hessian, INT8 if settings.head_bits == 8 else base, settings, dtype), requires_grad=False
+        )
+    model.resize_cache(recipe.export.max_seq_len)
+    for name in ("rope_cos", "rope_sin"):
+        model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
+    seconds = time.perf_counter() - start
+    record = {
+        "method": "streamed GPTQ, int8 per block by measured output error",
+        "windows": settings.windows,
+        "window_tokens": settings.window_tokens,
+        "damp": settings.damp,
+        "act_order": settings.act_order,
+        "clip_search": settings.clip_search,
+        "head_bits": settings.head_bits,
+        "int8_size_ratio": settings.int8_size_ratio,
+        "threads": settings.threads,
+        "int8_linears": sum(len(b["int8"]) for b in blocks),
+        "blocks": [
+            {"int8": b["int8"], "error_int4": round(b["int4"], 6), "error": round(b["chosen"], 6)}
+            for b in blocks
+        ],
+        "seconds": round(seconds, 1),
+        "seconds_per_million_parameters": round(seconds / (ckpt.args.parameter_count() / 1e6), 3),
+    }
+    return for_export(recipe, model), Reference(list(gate_ids), logits), {"gptq": record}
