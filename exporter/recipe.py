@@ -257,12 +257,18 @@ class ValidationSettings:
     clear_margin: float = 1.0
     min_top1_agreement: float = 0.99
     max_perplexity_ratio: float = 1.01
+    # Judged, reported per kind in the manifest (no threshold): shipped texts from sources no
+    # calibration text comes from, each scored over judge_tokens tokens against fp32 streamed from
+    # the checkpoint, with a bootstrap interval (exporter/gate/judge.py)
+    judge_texts: tuple[str, ...] = ()
+    judge_tokens: int = 1024
     # torch threads of every stage that measures (fp32 reference logits, the gate, golden vectors):
     # float sums depend on the count, and the manifest must not depend on the machine's cores
     threads: int = 2
 
     def __post_init__(self) -> None:
         _positive("threads", self.threads)
+        _positive("judge_tokens", self.judge_tokens)
         if not self.prompts or any(not p for p in self.prompts):
             raise _Invalid("prompts", "must list at least one non-empty prompt")
         if any(not p for p in self.chat_prompts):

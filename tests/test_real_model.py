@@ -17,6 +17,8 @@ from exporter.gate.generate import generate
 from exporter.gate.validate import full_logits
 from exporter.model.checkpoint import load_model, open_checkpoint
 from exporter.model.tokenizer import encode, load_tokenizer, tokenizer_info
+from exporter.quant.tune import gptq_memory_bytes
+from exporter.recipe import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -128,29 +130,39 @@ def test_reference_artifact_verifies_with_its_golden_vectors(reference: Path) ->
 
 
 def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_artifacts: Path) -> None:
-    """The device recipe on a model whose weights already sit on a 4-bit grid (untuned int4 g32:
-    perplexity x1.55 on the gate's text). The measured plan raises linears to int8 within its
-    size budget and QAT distills the rest; CI trains 30 of the recipe's 100 steps to stay short,
-    so this asserts a clear gain and an honest artifact, and the recipe's own figures (100 steps)
-    are measured by ``exporter eval`` (docs/quality.md)."""
-    steps = ("quantization.qat.steps=30",)
+    """The device recipe (streamed GPTQ) on a model whose weights already sit on a 4-bit grid
+    (untuned int4 g32: perplexity x1.55 on the gate's text): the tuning lowers the loss clearly,
+    reports each judged kind over 1,024 tokens with an interval, and its memory estimate holds
+    to the measured peak of the tuning stage. Whether the gate passes is the recipe's business
+    (figures in docs/quality.md); a refused build's record carries the same figures."""
     try:
-        folder = build("android-arm64", checkpoint=smollm2[0], out=real_artifacts, overrides=steps)
+        folder = build("android-arm64", checkpoint=smollm2[0], out=real_artifacts)
     except ValidationError as e:
         record = json.loads(Path(e.path or "").read_text())
         assert e.path == failed_path(real_artifacts / smollm2[0].name / "android-arm64")
+        timings = record["timings"]
     else:
         record = json.loads((folder / "manifest.json").read_text())
+        timings = json.loads((folder / "build-info.json").read_text())["timings"]
     figures, tuning = record["validation"], record["quantization"]["tuning"]
     vs_eager = figures["vs_eager"]
     assert vs_eager["finite"] and figures["vs_fp32"]["artifact_finite"]
     # the runtime adds a small fraction of what quantization itself costs
     assert vs_eager["heldout_kl_share_of_quantization"] < 0.25
     assert figures["passed"] == (not figures["failures"])
-    mixed = tuning["mixed"]
-    assert mixed["raised"] > 0 and 1.0 < mixed["size_ratio_to_base"] <= 1.18
-    assert tuning["qat"]["steps"] == 30 and tuning["qat"]["kl_last_tenth"] < tuning["qat"]["kl_first_tenth"]
+    gptq = tuning["gptq"]
+    assert gptq["int8_linears"] > 0 and gptq["act_order"]
+    assert all(b["error"] <= b["error_int4"] for b in gptq["blocks"])  # the int8 choice never hurts
     summary = record["quantization"]["precision"]["summary"]
     assert any(label.startswith("int8 per-channel") for label in summary)
-    # untuned int4 g32 (HQQ) measured x1.55 here; tuned with 30 steps well below
-    assert figures["vs_fp32"]["perplexity_ratio"] < 1.25, figures["vs_fp32"]
+    # untuned int4 g32 measured x1.55 on this text
+    assert figures["vs_fp32"]["perplexity_ratio"] < 1.3, figures["vs_fp32"]
+    for kind in ("shipped:other-prose", "shipped:other-code"):
+        judged = figures["judged"][kind]
+        low, high = judged["perplexity_ratio_interval"]
+        assert judged["tokens_scored"] == 1024 and low <= judged["perplexity_ratio"] <= high
+        assert judged["perplexity_ratio"] < 1.35, judged  # untuned: 1.65 / 1.73 (eager)
+    args = open_checkpoint(smollm2[0]).args
+    estimate = gptq_memory_bytes(args, load_recipe("android-arm64").quantization.gptq) / 2**20
+    measured = timings["load_quantize"]["peak_rss_mb"]
+    assert abs(estimate - measured) <= 0.15 * measured, (estimate, measured)

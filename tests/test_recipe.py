@@ -34,10 +34,23 @@ def test_device_recipes_are_8da4w_group32_with_quantized_embedding(name: str) ->
     assert r.quantization.linear is not None and r.quantization.linear.scheme == "8da4w"
     assert r.quantization.linear.group_size == 32
     assert r.quantization.embedding is not None and r.quantization.embedding.group_size == 32
-    # tuned on the model: sensitive linears raised (measured), then QAT on held-out-free text
-    mixed, qat = r.quantization.mixed, r.quantization.qat
-    assert mixed is not None and [c.label() for c in mixed.candidates] == ["8da8w per-channel affine"]
-    assert qat is not None and qat.text == mixed.text == "calibration"
+    # tuned on the model, streamed (GPTQ, int8 per block by measured error) on held-out-free text
+    gptq = r.quantization.gptq
+    assert gptq is not None and gptq.text == "calibration" and gptq.int8_size_ratio > 1
+    assert r.quantization.mixed is None and r.quantization.qat is None
+
+
+def test_a_streamed_tuning_excludes_the_whole_model_ones(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match=r"quantization\.gptq: is a tuning of its own"):
+        load_recipe("android-arm64-qat", ("quantization.gptq.windows=8",))
+    for key, value in [
+        ("windows", "0"),
+        ("int8_size_ratio", "0.9"),
+        ("measure_windows", "64"),
+        ("head_bits", "6"),
+    ]:
+        with pytest.raises(RecipeError, match=rf"quantization\.gptq\.{key}"):
+            load_recipe("android-arm64", (f"quantization.gptq.{key}={value}",))
 
 
 def test_reference_is_unquantized() -> None:
@@ -128,7 +141,7 @@ def test_set_overrides_are_checked_like_the_file() -> None:
 
 
 def test_set_false_switches_an_optional_table_off() -> None:
-    r = load_recipe("android-arm64", ("quantization.qat=false", "quantization.mixed=false"))
+    r = load_recipe("android-arm64-qat", ("quantization.qat=false", "quantization.mixed=false"))
     assert r.quantization.qat is None and r.quantization.mixed is None
     assert r.quantization.linear is not None and r.quantization.linear.group_size == 32
     with pytest.raises(RecipeError, match=r"quantization\.qat: expected a table"):

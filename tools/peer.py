@@ -252,8 +252,7 @@ RANDOM_WEIGHT_GATE = (
     "validation.min_top1_agreement=1e-9",
     "validation.max_perplexity_ratio=1e9",
     "validation.eval_tokens=64",
-    "quantization.mixed=false",
-    "quantization.qat=false",
+    "quantization.gptq=false",
 )
 
 

@@ -26,6 +26,7 @@ from ..artifact.publish import make_staging, publish, target_lock
 from ..artifact.seal import write_sealed
 from ..errors import ArtifactError, CheckpointError, ValidationError
 from ..gate.inputs import GateInputs, gate_inputs
+from ..gate.judge import judge
 from ..gate.validate import model_teacher, validate
 from ..model.checkpoint import (
     Checkpoint,
@@ -245,6 +246,19 @@ def _build_into(
         )
     figures["text"] = gate.text
     figures["chat_prompts"] = gate.chat_prompts
+    if gate.judged:  # reported with the figures of a refused build too
+        del module  # the fp32 reference streams from the checkpoint: the eager module is done with
+        release_memory()
+        with stage(timings, "judge"), native_logs_captured(), fixed_threads(measuring):
+            v = recipe.validation
+            figures["judged"] = judge(
+                ckpt,
+                backend.load(lowered.path),
+                gate.judged,
+                recipe.export.max_seq_len,
+                v.judge_tokens,
+                v.clear_margin,
+            )
     quantization = {"precision": precision, **({"tuning": tuning} if tuning else {})}
     if not figures["passed"]:
         raise _gate_failed(inputs, figures, timings, quantization)

@@ -24,6 +24,7 @@ class GateInputs:
     text: dict[str, Any]  # what the manifest says of the text: source, sha256, tokens
     prompts: list[list[int]]  # raw prompts, then chat-formatted ones
     chat_prompts: list[str]  # the rendered chat prompts (empty without a chat template)
+    judged: dict[str, list[int]]  # validation.judge_texts by manifest name, judge_tokens + 1 tokens
 
 
 def text_path(setting: str, checkpoint_dir: Path) -> tuple[Path, str]:
@@ -105,4 +106,15 @@ def gate_inputs(
         "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
         "tokens_scored": v.eval_tokens,
     }
-    return GateInputs(ids[: v.eval_tokens + 1], described, [p for _, p in raw + chat], rendered)
+    judged = {}
+    for i, setting in enumerate(v.judge_texts):
+        judge_path, judge_name = text_path(setting, ckpt_dir)
+        judge_ids = encode(tokenizer, info, _read(judge_path, recipe_file))
+        if len(judge_ids) < v.judge_tokens + 1:
+            raise RecipeError(
+                recipe_file,
+                f"validation.judge_texts[{i}]: {judge_path} has {len(judge_ids)} tokens, "
+                f"validation.judge_tokens needs {v.judge_tokens + 1}",
+            )
+        judged[judge_name] = judge_ids[: v.judge_tokens + 1]
+    return GateInputs(ids[: v.eval_tokens + 1], described, [p for _, p in raw + chat], rendered, judged)

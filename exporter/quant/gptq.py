@@ -93,37 +93,56 @@ def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Te
     return torch.linalg.cholesky(inverse, upper=True).float(), dead
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What a Hessian gives every weight solved with it: the column order, the permuted Hessian's
+    inverse factor and dead inputs (in that order), and the inputs' energy (H's diagonal)."""
+
+    order: torch.Tensor
+    hinv: torch.Tensor
+    dead: torch.Tensor
+    energy: torch.Tensor
+
+
+def prepare(hessian: torch.Tensor, damp: float, act_order: bool) -> Prepared:
+    """Factor a Hessian once for all the weights that read the same input (q/k/v, gate/up; int4
+    and int8 alike): the Cholesky work is cubic in the input width."""
+    order = (
+        torch.argsort(torch.diag(hessian), descending=True) if act_order else torch.arange(hessian.shape[0])
+    )
+    permuted = hessian[order][:, order] if act_order else hessian
+    hinv, dead = inverse_hessian_factor(permuted, damp)
+    return Prepared(order, hinv, dead, torch.diag(permuted).float().clamp(min=0))
+
+
 def solve(
     weight: torch.Tensor,
     hessian: torch.Tensor,
     q: LinearQuant,
     damp: float = 0.01,
     block: int = 128,
-    factor: tuple[torch.Tensor, torch.Tensor] | None = None,
+    prepared: Prepared | None = None,
     act_order: bool = False,
     clip_search: bool = False,
 ) -> Quantized:
     """GPTQ of ``weight`` [out, in] with input Hessian ``hessian`` [in, in] (sum of x x^T) onto the
-    grid of ``q`` (8da4w groups or 8da8w per channel). ``factor``: ``inverse_hessian_factor``'s
-    result, when several weights share the Hessian. ``act_order``: columns in order of decreasing
-    Hessian diagonal (the inputs with most energy first), with every group's scale fixed from the
-    weight before the solve ("static groups"), so the grid stays the one XNNPACK reads.
-    ``clip_search``: each group's scale is the shrink of its absolute maximum that rounds with the
-    least error weighted by the inputs' energy (``_scales``)."""
+    grid of ``q`` (8da4w groups or 8da8w per channel).
+
+    ``prepared``: ``prepare``'s result for this Hessian, when several weights share it (its column
+    order then stands for ``act_order``). ``act_order``: columns in order of decreasing Hessian
+    diagonal (the inputs with most energy first), every group's scale fixed from the weight before
+    the solve ("static groups"), so the grid stays the one XNNPACK reads. ``clip_search``: each
+    group's scale is the shrink of its absolute maximum that rounds with the least error weighted
+    by the inputs' energy (``_scales``)."""
     w = weight.detach().float().clone()
     rows, cols = w.shape
     group = cols if q.scheme == "8da8w" else q.group_size
     assert cols % group == 0 and (group == cols or block % group == 0), (cols, group, block)
-    static = act_order or group == cols  # scales fixed before the solve
-    if act_order:
-        assert factor is None, "act_order permutes the Hessian: no shared factor"
-        order = torch.argsort(torch.diag(hessian), descending=True)
-        hessian = hessian[order][:, order]
-    else:
-        order = torch.arange(cols)
-    hinv, dead = factor if factor is not None else inverse_hessian_factor(hessian, damp)
+    prep = prepared if prepared is not None else prepare(hessian, damp, act_order)
+    order, hinv, dead = prep.order, prep.hinv, prep.dead
+    static = not torch.equal(order, torch.arange(cols)) or group == cols  # scales fixed before the solve
     scales = torch.zeros(rows, cols // group, dtype=torch.bfloat16 if q.scheme == "8da4w" else torch.float32)
-    energy = torch.diag(hessian).float().clamp(min=0) if clip_search else None  # permuted as hessian
+    energy = prep.energy if clip_search else None  # in the solve's column order
     if static:
         w[:, order[dead]] = 0
         own = None if energy is None else torch.empty(cols).index_copy_(0, order, energy)

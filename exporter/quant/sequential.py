@@ -38,7 +38,7 @@ from ..plumbing.progress import progress
 from ..plumbing.threads import fixed_threads
 from ..recipe import LinearQuant, Recipe, StreamedGptq
 from .configs import quantize_embedding, stored_bytes_estimate
-from .gptq import Quantized, inverse_hessian_factor, solve, to_torchao
+from .gptq import Prepared, Quantized, prepare, solve, to_torchao
 from .stream import DTYPES
 
 INT8 = LinearQuant(scheme="8da8w", group_size=0)
@@ -160,13 +160,18 @@ def tune_block(
     cos, sin = rope
     hessians, targets = block_hessians(block, xs, cos, sin, settings.measure_windows)
     linears = block_linears(block)
-    weights = {n: m.weight.detach().float().clone() for n, m in linears.items()}
-    int4 = {n: solve(weights[n], hessians[n], base, settings.damp) for n in linears}
-    int8 = (
-        {n: solve(weights[n], hessians[n], INT8, settings.damp) for n in linears}
-        if settings.int8_size_ratio > 1
-        else {}
-    )
+    weights = {n: m.weight.detach() for n, m in linears.items()}  # solve() works on its own copy
+    prepared: dict[int, Prepared] = {}  # one factorisation per distinct Hessian
+    for h in hessians.values():
+        if id(h) not in prepared:
+            prepared[id(h)] = prepare(h, settings.damp, settings.act_order)
+
+    def gptq(name: str, q: LinearQuant) -> Quantized:
+        h = hessians[name]
+        return solve(weights[name], h, q, prepared=prepared[id(h)], clip_search=settings.clip_search)
+
+    int4 = {n: gptq(n, base) for n in linears}
+    int8 = {n: gptq(n, INT8) for n in linears} if settings.int8_size_ratio > 1 else {}
     probe = (xs[: settings.measure_windows], targets, cos, sin)
     chosen, errors = choose_int8(block, int4, int8, probe, base, settings.int8_size_ratio)
     # weights are the chosen dequantized ones now: the next inputs come from the quantized block
@@ -182,18 +187,11 @@ def solve_head(
     head: torch.Tensor, hessian: torch.Tensor, q: LinearQuant, settings: StreamedGptq, dtype: torch.dtype
 ) -> torch.Tensor:
     """The head (as stored, e.g. bf16) solved a block of rows at a time."""
-    damp, act_order = settings.damp, settings.act_order
-    factor = None if act_order else inverse_hessian_factor(hessian, damp)
+    prepared = prepare(hessian, settings.damp, settings.act_order)
     rows = range(0, head.shape[0], HEAD_ROWS)
     parts = [
         solve(
-            head[r : r + HEAD_ROWS].float(),
-            hessian,
-            q,
-            damp,
-            factor=factor,
-            act_order=act_order,
-            clip_search=settings.clip_search,
+            head[r : r + HEAD_ROWS].float(), hessian, q, prepared=prepared, clip_search=settings.clip_search
         )
         for r in rows
     ]
@@ -247,7 +245,8 @@ def gptq_module(
             torch.zeros(head.shape[1], head.shape[1]),
         )
         model.output.weight = nn.Parameter(
-            solve_head(head, hessian, INT8 if settings.head_bits == 8 else base, settings, dtype), requires_grad=False
+            solve_head(head, hessian, INT8 if settings.head_bits == 8 else base, settings, dtype),
+            requires_grad=False,
         )
     model.resize_cache(recipe.export.max_seq_len)
     for name in ("rope_cos", "rope_sin"):

@@ -26,7 +26,7 @@ from ..model.tokenizer import encode
 from ..model.transformer import ModelArgs
 from ..model.transforms import LastTokenLogits, for_export
 from ..plumbing.threads import fixed_threads
-from ..recipe import LinearQuant, Recipe
+from ..recipe import LinearQuant, Recipe, StreamedGptq
 from .configs import quantize_embedding, quantize_linears, untie_embeddings
 from .precision import choose_precisions, linears
 from .stream import DTYPES
@@ -57,9 +57,51 @@ def calibration_ids(
 TUNING_BYTES_PER_PARAMETER = {"qat": 44, "mixed": 20}
 
 
+# The streamed GPTQ path (``sequential.py``), in bytes: the process before any weight (torch,
+# torchao, executorch imported); per parameter of the quantized model held in eager form (int8
+# codes + bf16 group scales: 1.07 bytes); per parameter of the one block being tuned (fp32 weights,
+# the solve's working copies, int4 and int8 results); per entry of the vocabulary matrix [V, dim]
+# (the embedding and head read as stored, the gate's fp32 logits, the head's solve in row blocks and
+# the joined codes); the Hessians (4 bytes per entry) and the calibration activations. The block and
+# vocabulary coefficients were fitted to the tuning stage's measured peak RSS on SmolLM2-135M
+# (1,162 MB); the shipped model and Qwen2.5-0.5B are the checks (docs/quality.md).
+GPTQ_BASE_BYTES = 420 * 2**20
+GPTQ_BYTES_PER_MODEL_PARAMETER = 1.07
+GPTQ_BYTES_PER_BLOCK_PARAMETER = 28
+GPTQ_BYTES_PER_VOCAB_ENTRY = 15.7
+
+
+def gptq_memory_bytes(args: ModelArgs, settings: StreamedGptq) -> int:
+    """Estimated peak RSS of a streamed GPTQ tuning of a model of ``args``."""
+    block = args.parameter_count() - args.vocab_size * args.dim * (1 if args.tie_word_embeddings else 2)
+    block //= args.n_layers
+    attn_in, o_in = args.dim, args.n_heads * args.head_dim
+    hessians = 4 * (2 * attn_in**2 + o_in**2 + args.hidden_dim**2)
+    tokens = settings.windows * settings.window_tokens
+    activations = 4 * (2 * tokens * args.dim + settings.window_tokens * (4 * args.hidden_dim + 4 * args.dim))
+    embed = args.vocab_size * args.dim
+    model = GPTQ_BYTES_PER_MODEL_PARAMETER * (
+        args.parameter_count() + (embed if args.tie_word_embeddings else 0)
+    )
+    vocab = GPTQ_BYTES_PER_VOCAB_ENTRY * embed
+    return int(
+        GPTQ_BASE_BYTES + model + vocab + GPTQ_BYTES_PER_BLOCK_PARAMETER * block + hessians + activations
+    )
+
+
 def check_tuning_memory(recipe: Recipe, args: ModelArgs, path: Path, available: int | None) -> None:
     """Refuse, before any weight is read, a tuning that cannot fit in ``available`` bytes."""
     quant = recipe.quantization
+    if quant.gptq is not None:
+        needed = gptq_memory_bytes(args, quant.gptq)
+        if available is not None and needed > available:
+            raise RecipeError(
+                path,
+                f"quantization.gptq: tuning this {args.parameter_count() / 1e9:.2f}B-parameter model "
+                f"needs about {needed / 2**30:.1f} GiB, {available / 2**30:.1f} GiB is available; "
+                "build without tuning: --set quantization.gptq=false",
+            )
+        return
     stage = "qat" if quant.qat is not None else "mixed" if quant.mixed is not None else None
     if stage is None or available is None:
         return

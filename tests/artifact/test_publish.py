@@ -289,9 +289,7 @@ BUILD = [
     "android-arm64",
     "--force",
     "--set",
-    "quantization.qat=false",
-    "--set",
-    "quantization.mixed=false",
+    "quantization.gptq=false",
 ]
 STAGE_START = re.compile(r"^\[(\w+)\] \.\.\.$")
 STAGE_DONE = re.compile(r"^\[(\w+)\] done in ")

@@ -33,8 +33,7 @@ SHAPES: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
     "8da8w-per-channel-qk-norm": (
         "android-arm64",
         (
-            "quantization.mixed=false",
-            "quantization.qat=false",
+            "quantization.gptq=false",
             "quantization.linear.scheme=8da8w",
             "quantization.linear.group_size=0",
         ),
@@ -57,15 +56,18 @@ def test_the_shapes_cover_every_shipped_xnnpack_recipe() -> None:
     """The device recipes differ in name and description only, so one of them stands for all."""
     recipes = [load_recipe(str(p)) for p in list_recipes()]
     xnnpack = {r.name for r in recipes if r.backend == "xnnpack"}
-    assert xnnpack == {name for name, _, _ in SHAPES.values()} | set(DEVICE_RECIPES)
+    # android-arm64-qat: the device recipe with the whole-model tuning, same grids
+    assert xnnpack == {name for name, _, _ in SHAPES.values()} | set(DEVICE_RECIPES) | {"android-arm64-qat"}
     android = load_recipe("android-arm64")
     for name in DEVICE_RECIPES:
         r = load_recipe(name)
         assert (r.export, r.quantization) == (android.export, android.quantization), name
     linear = android.quantization.linear
     assert linear is not None and (linear.scheme, linear.group_size) == ("8da4w", 32)
-    assert android.quantization.mixed is not None
-    assert {c.scheme for c in android.quantization.mixed.candidates} == {"8da8w"}
+    assert android.quantization.gptq is not None and android.quantization.gptq.int8_size_ratio > 1  # 8da8w
+    qat = load_recipe("android-arm64-qat").quantization
+    assert qat.linear == linear and qat.mixed is not None
+    assert {c.scheme for c in qat.mixed.candidates} == {"8da8w"}
 
 
 @pytest.mark.slow

@@ -248,6 +248,8 @@ def test_a_tuning_that_cannot_fit_in_memory_is_refused_before_any_weight_is_read
 ) -> None:
     monkeypatch.setattr("exporter.build.pipeline.available_memory_bytes", lambda: 1 << 20)
     with pytest.raises(RecipeError, match=r"quantization\.qat: .*--set quantization\.qat=false"):
+        build("android-arm64-qat", checkpoint=tiny_checkpoint, out=tmp_path)
+    with pytest.raises(RecipeError, match=r"quantization\.gptq: .*--set quantization\.gptq=false"):
         build("android-arm64", checkpoint=tiny_checkpoint, out=tmp_path)
     assert not (tmp_path / "tiny-llama").exists() or not any((tmp_path / "tiny-llama").iterdir())
 

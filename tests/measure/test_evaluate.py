@@ -43,7 +43,7 @@ def test_a_text_longer_than_the_cache_is_scored_in_windows_with_an_interval(
 
 
 def test_the_interval_covers_a_known_ratio_and_narrows_with_more_tokens() -> None:
-    from exporter.measure.evaluate import ratio_interval
+    from exporter.gate.judge import ratio_interval
 
     g = torch.Generator().manual_seed(0)
     ref = torch.rand(4096, generator=g) * 4

@@ -318,7 +318,7 @@ def test_a_built_device_artifact_runs_identically_on_emulated_aarch64(
     (ARMv8.0), see docs/development.md."""
     from exporter.build.pipeline import build
 
-    untuned = ("quantization.qat=false", "quantization.mixed=false")
+    untuned = ("quantization.gptq=false",)
     art = build("android-arm64", checkpoint=tiny_checkpoint, out=tmp_path / "art", overrides=untuned)
     report = check_module.check([art], ["neoverse-n1"], steps=4, log=lambda _: None)
     (entry,) = report["artifacts"]
