@@ -246,14 +246,19 @@ def peer_export(pth: Path, params: Path, out: Path, meta: dict[str, Any], recipe
 # Random weights have near-uniform next-token distributions, so quality against fp32 means nothing
 # for them; the gate still runs (its cost is part of ours) and still holds the artifact to the
 # eager model it came from (greedy tokens, logit error, KL), only the fp32-quality bounds are off.
-# Tuning on the model (mixed precision, QAT) has no quality to keep there either: shapes race the
-# recipe's untuned, streamed build, the cost the peer's flow is compared with.
+# Tuning on the model (GPTQ, mixed precision, QAT) has no quality to keep there either: shapes race
+# the recipe's untuned, streamed build, the cost the peer's flow is compared with.
 RANDOM_WEIGHT_GATE = (
     "validation.min_top1_agreement=1e-9",
     "validation.max_perplexity_ratio=1e9",
     "validation.eval_tokens=64",
-    "quantization.gptq=false",
 )
+
+
+def untuned(recipe: str) -> tuple[str, ...]:
+    """The ``--set`` switches that turn off every tuning table ``recipe`` has."""
+    quant = load_recipe(recipe).quantization
+    return tuple(f"quantization.{k}=false" for k in ("gptq", "mixed", "qat") if getattr(quant, k) is not None)
 
 
 def our_export(checkpoint: Path, out: Path, recipe: str, overrides: tuple[str, ...]) -> dict[str, Any]:
@@ -355,7 +360,7 @@ def race(
 ) -> dict[str, Any]:
     from exporter.model.tokenizer import encode, load_tokenizer, tokenizer_info
 
-    overrides = RANDOM_WEIGHT_GATE if random_weights else ()
+    overrides = RANDOM_WEIGHT_GATE + untuned(recipe_name) if random_weights else ()
     recipe = load_recipe(recipe_name, overrides)  # the very settings our build resolves
     ckpt = open_checkpoint(checkpoint)
     tok = load_tokenizer(ckpt.tokenizer_path)

@@ -131,3 +131,15 @@ def test_markdown_leaves_random_weight_perplexity_blank() -> None:
     assert real_rows[0].endswith("| 80 | 1.08 | 1.04 |"), real_rows[0]
     assert "pycode-4m: fp32 eager perplexity prose 12.5, code 3.25" in text
     assert "llama-3.2-1b: random weights, perplexity not reported" in text
+
+
+def test_random_shapes_race_every_recipe_untuned() -> None:
+    from exporter.recipe import load_recipe
+    from tools.peer import untuned
+
+    assert untuned("android-arm64") == ("quantization.gptq=false",)
+    assert untuned("android-arm64-qat") == ("quantization.mixed=false", "quantization.qat=false")
+    assert untuned("reference-fp32") == ()
+    for name in ("android-arm64", "android-arm64-qat"):
+        q = load_recipe(name, untuned(name)).quantization
+        assert q.gptq is None and q.mixed is None and q.qat is None
