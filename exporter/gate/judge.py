@@ -25,21 +25,29 @@ from .validate import top2_margin
 
 BOOTSTRAP_BLOCK = 32
 BOOTSTRAP_SAMPLES = 2000
+FIGURE_ROWS = 64
 
 
 def token_figures(
     logits: torch.Tensor, reference: torch.Tensor, targets: torch.Tensor, clear_margin: float
 ) -> dict[str, torch.Tensor]:
     """Per scored token: both negative log-likelihoods, KL(fp32 || artifact), top-1 agreement, and
-    whether fp32's own top-2 margin is clear."""
-    art, ref = F.log_softmax(logits.float(), -1), F.log_softmax(reference.float(), -1)
-    return {
-        "nll": -art.gather(1, targets[:, None])[:, 0],
-        "nll_fp32": -ref.gather(1, targets[:, None])[:, 0],
-        "kl": (ref.exp() * (ref - art)).sum(-1),
-        "agree": (logits.argmax(-1) == reference.argmax(-1)).float(),
-        "clear": top2_margin(reference) >= clear_margin,
-    }
+    whether fp32's own top-2 margin is clear. A few rows at a time: with a 150k vocabulary a
+    window's log-softmaxes are 300 MB each."""
+    rows = []
+    for r in range(0, logits.shape[0], FIGURE_ROWS):
+        lg, rf, tg = logits[r : r + FIGURE_ROWS], reference[r : r + FIGURE_ROWS], targets[r : r + FIGURE_ROWS]
+        art, ref = F.log_softmax(lg.float(), -1), F.log_softmax(rf.float(), -1)
+        rows.append(
+            {
+                "nll": -art.gather(1, tg[:, None])[:, 0],
+                "nll_fp32": -ref.gather(1, tg[:, None])[:, 0],
+                "kl": (ref.exp() * (ref - art)).sum(-1),
+                "agree": (lg.argmax(-1) == rf.argmax(-1)).float(),
+                "clear": top2_margin(rf) >= clear_margin,
+            }
+        )
+    return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
 
 
 def ratio_interval(nll: torch.Tensor, nll_fp32: torch.Tensor, seed: int = 0) -> tuple[float, float] | None:
