@@ -43,7 +43,7 @@ from ..plumbing.memory import available_memory_bytes, peak_rss_mb, release_memor
 from ..plumbing.native_logs import native_logs_captured
 from ..plumbing.threads import fixed_threads
 from ..quant.configs import precision_map, quantize_model
-from ..quant.sequential import gptq_module
+from ..quant.sequential import calibration_windows, gptq_module
 from ..quant.stream import DTYPES, stream_module
 from ..quant.tune import calibration_ids, check_tuning_memory, needs_whole_model, tuned_module
 from ..recipe import Recipe, load_recipe, recipe_path
@@ -104,6 +104,8 @@ def prepare(
     gate = gate_inputs(recipe, recipe_file, tokenizer, info, ckpt.path)
     name = recipe.calibration_text()
     calibration = None if name is None else calibration_ids(name, tokenizer, info, recipe_file)
+    if calibration is not None and recipe.quantization.gptq is not None:
+        calibration_windows(calibration[0], recipe.quantization.gptq, recipe_file)  # enough text?
     return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target, gate, calibration)
 
 

@@ -8,9 +8,10 @@ quantized left to right and each column's rounding error, weighted by the invers
 layer's inputs, is pushed onto the columns not yet quantized.
 
 What comes out are codes and scales on exactly the grid torchao's affine algorithm uses (scale =
-max |w| / ((qmax - qmin) / 2), round half to even, clamp), and ``to_torchao`` hands them to
-torchao's own ``IntxUnpackedToInt8Tensor.from_hp`` with those scales (the constructor the 8da
-configs call), so export and lowering see the tensor an untuned build makes, other codes only.
+max |w| / ((qmax - qmin) / 2) narrowed to the stored dtype, then round(w * (1 / scale)) half to
+even, clamped), and ``to_torchao`` wraps them in torchao's ``IntxUnpackedToInt8Tensor`` with the
+fields the 8da configs set, so export and lowering see the tensor an untuned build makes, other
+codes only.
 With an identity Hessian the solve is round-to-nearest and equals torchao's output
 (``tests/quant/test_gptq.py``).
 """

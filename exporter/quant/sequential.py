@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..errors import RecipeError
+from ..gate.reference import HEAD_ROWS, head_logits
 from ..gate.validate import Reference
 from ..model.checkpoint import Checkpoint, TensorSource, fill
 from ..model.transformer import Transformer, TransformerBlock
@@ -48,17 +50,18 @@ SHARED_INPUT = {
     "attention.wv": "attention.wq",
     "feed_forward.w3": "feed_forward.w1",
 }
-HEAD_ROWS = 8192  # rows of the head solved at a time (rows are independent given the Hessian)
 
 
-def calibration_windows(ids: Sequence[int], settings: StreamedGptq) -> list[list[int]]:
-    """``windows`` consecutive windows of ``window_tokens`` tokens, spread over the whole text."""
+def calibration_windows(ids: Sequence[int], settings: StreamedGptq, path: Path) -> list[list[int]]:
+    """``windows`` consecutive windows of ``window_tokens`` tokens, spread over the whole text; the
+    build calls it before reading any weight, so a text too short is a one-line recipe error."""
     length = settings.window_tokens
     count = len(ids) // length
     if count < settings.windows:
-        raise ValueError(
-            f"calibration text has {count} windows of {length} tokens, quantization.gptq.windows "
-            f"asks for {settings.windows}"
+        raise RecipeError(
+            path,
+            f"quantization.gptq.windows: the calibration text has {count} windows of {length} tokens, "
+            f"{settings.windows} asked for",
         )
     stride = count // settings.windows
     return [list(ids[i * stride * length : (i * stride + 1) * length]) for i in range(settings.windows)]
@@ -186,7 +189,8 @@ def tune_block(
 def solve_head(
     head: torch.Tensor, hessian: torch.Tensor, q: LinearQuant, settings: StreamedGptq, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The head (as stored, e.g. bf16) solved a block of rows at a time."""
+    """The head (as stored, e.g. bf16) solved ``HEAD_ROWS`` rows at a time (rows are independent
+    given the Hessian; the block is the one its fp32 logits are cast in)."""
     prepared = prepare(hessian, settings.damp, settings.act_order)
     rows = range(0, head.shape[0], HEAD_ROWS)
     parts = [
@@ -208,7 +212,7 @@ def gptq_module(
     settings, base = quant.gptq, quant.linear
     assert settings is not None and base is not None  # the recipe checks gptq comes with 8da4w
     dtype = DTYPES[recipe.export.dtype]
-    windows = calibration_windows(calibration, settings)
+    windows = calibration_windows(calibration, settings, Path(recipe.name))
     start = time.perf_counter()
     with torch.device("meta"):
         model = Transformer(ckpt.args, max(recipe.export.max_seq_len, settings.window_tokens))
@@ -237,9 +241,7 @@ def gptq_module(
         model.norm.to(dtype)
         fill(model.output, source, "output.", None)
         head = model.output.weight
-        logits = torch.cat(
-            [F.linear(h, head[r : r + HEAD_ROWS].float()) for r in range(0, head.shape[0], HEAD_ROWS)], -1
-        )[0, :-1]
+        logits = head_logits(h, head)[0, :-1]
         hessian = sum(
             (x.reshape(-1, x.shape[-1]).T @ x.reshape(-1, x.shape[-1]) for x in xs),
             torch.zeros(head.shape[1], head.shape[1]),

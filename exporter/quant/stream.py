@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from ..gate.reference import head_logits
 from ..gate.validate import Reference
 from ..model.checkpoint import Checkpoint, TensorSource, fill
 from ..model.transformer import Transformer
@@ -62,8 +62,7 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         # quantized apart (as ``untie_embeddings`` does for a whole model).
         fill(model.output, source, "output.", None)
         head = model.output.weight
-        rows = range(0, head.shape[0], 8192)
-        logits = torch.cat([F.linear(h, head[r : r + 8192].float()) for r in rows], -1)[0, :-1]
+        logits = head_logits(h, head)[0, :-1]
         if ckpt.args.tie_word_embeddings and quant.linear is None and quant.embedding is None:
             model.output.weight = model.tok_embeddings.weight  # nothing to quantize apart: stay tied
         elif quant.linear is None:

@@ -261,3 +261,18 @@ def test_programs_that_quantize_activations_get_the_wider_golden_tolerance() -> 
     assert golden_rtol(load_recipe("android-arm64")) == DYNAMIC_QUANT_RTOL
     assert golden_rtol(load_recipe("reference-fp32")) == FLOAT_RTOL
     assert golden_rtol(load_recipe("server-x86-int4")) == FLOAT_RTOL  # weight-only int4
+
+
+def test_a_calibration_text_too_short_for_the_tuning_is_refused_before_any_weight_is_read(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        RecipeError, match=r"quantization\.gptq\.windows: the calibration text has \d+ windows"
+    ):
+        build(
+            "android-arm64",
+            checkpoint=tiny_checkpoint,
+            out=tmp_path,
+            overrides=("quantization.gptq.windows=100000",),
+        )
+    assert not (tmp_path / "tiny-llama").exists() or not any((tmp_path / "tiny-llama").iterdir())
