@@ -51,10 +51,21 @@ def write_hf_checkpoint(
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
+        "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+        "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
     }
     config_cls, model_cls = classes[family]
     torch.manual_seed(seed)
+    perturb = overrides.pop("perturb", False)
     model = model_cls(config_cls(**{**TINY, **overrides})).to(dtype).eval()
+    if perturb:  # norms start at 1 (or 0 where stored as 1 + w): give them values that test the math
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(torch.randn(p.shape, dtype=p.dtype) * 0.3)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **kwargs)
     for name in ("tokenizer.json", "tokenizer_config.json", "heldout.txt"):

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from exporter.gate.inputs import HELDOUT
 from exporter.gate.inputs import text_path as gate_text
 from exporter.measure.sweep import QUALITY_TEXTS, perplexity_key
 from exporter.model.checkpoint import Checkpoint, digest_files, load_model, open_checkpoint
-from exporter.model.transformer import ModelArgs
+from exporter.model.transformer import ModelArgs, RopeScaling
 from exporter.recipe import Recipe, load_recipe
 
 DEFAULT_RECIPE = "android-arm64"
@@ -100,6 +101,12 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 # ``original_max_position_embeddings`` feeds only the Hugging Face / LongRoPE path). A checkpoint
 # with other values would give the peer a different model, so it is refused rather than raced.
 PEER_FIXED_ROPE = {"low_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+# What executorch's Llama ModelArgs can express; any other feature of ours is refused.
+PEER_FIELDS = (
+    "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size", "norm_eps",
+    "rope_theta", "rope_scaling", "attention_bias", "qk_norm", "tie_word_embeddings",
+    "max_position_embeddings",
+)  # fmt: skip
 
 
 def _number(x: float) -> int | float:
@@ -125,9 +132,15 @@ def params_json(args: ModelArgs) -> dict[str, Any]:
     }
     if args.attention_bias or args.qk_norm:
         raise ValueError("the peer's Llama model has no attention bias or q/k norm")
+    plain = ModelArgs(**{f: getattr(args, f) for f in PEER_FIELDS})
+    extra = [f.name for f in fields(ModelArgs) if getattr(args, f.name) != getattr(plain, f.name)]
+    if extra:
+        raise ValueError(f"the peer's Llama model has no {extra[0]}")
     s = args.rope_scaling
     if s is None:
         return params
+    if not isinstance(s, RopeScaling):
+        raise ValueError("the peer's Llama model scales RoPE the llama3 way only")
     for key, fixed in PEER_FIXED_ROPE.items():
         if getattr(s, key) != fixed:
             raise ValueError(f"rope_scaling.{key}={getattr(s, key)}: executorch hard-codes {fixed}")

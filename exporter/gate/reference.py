@@ -36,15 +36,15 @@ def streamed_logits(ckpt: Checkpoint, windows: Sequence[Sequence[int]]) -> Itera
     model.init_buffers()
     with torch.no_grad():
         fill(model.tok_embeddings, source, "tok_embeddings.", None)
-        hs = [model.tok_embeddings(torch.tensor([list(w)])).float() for w in windows]
+        hs = [model.scale_embedding(model.tok_embeddings(torch.tensor([list(w)])).float()) for w in windows]
         del model.tok_embeddings
         for i, layer in enumerate(model.layers):
             fill(layer, source, f"layers.{i}.")
-            hs = [layer(h, *model.rope_window(0, h.shape[1]), 0) for h in hs]
+            hs = [layer(h, model.rope_window(0, h.shape[1]), 0) for h in hs]
             model.layers[i] = torch.nn.Identity()  # its weights are done with
         fill(model.norm, source, "norm.")
         fill(model.output, source, "output.", None)
         head = model.output.weight
         for h in hs:
             x = model.norm(h)[0, :-1]
-            yield head_logits(x, head)
+            yield model.finish_logits(head_logits(x, head))

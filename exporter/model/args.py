@@ -1,9 +1,17 @@
 """The model's architecture as plain values: no torch, so recipes and the build plan can check and
-key a build without importing it. ``exporter.model.transformer`` re-exports both names."""
+key a build without importing it. ``exporter.model.transformer`` re-exports both names.
+
+Families differ by named, orthogonal features (per-layer attention window and RoPE base, norm
+placement, q/k norm scope, activation, multipliers); each family's reader in ``families/`` says which
+of them its ``config.json`` turns on. The defaults are the Llama decoder."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+NORM_PLACEMENTS = ("pre", "sandwich", "post")  # Llama; Gemma 2/3; OLMo 2
+QK_NORMS = ("", "head", "proj")  # none; per head (Qwen3, Gemma 3); over the whole projection (OLMo 2)
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
@@ -14,6 +22,13 @@ class RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class LinearRopeScaling:
+    """Positions divided by ``factor`` (``rope_type == "linear"``; Gemma 3's global layers, 4B and up)."""
+
+    factor: float
 
 
 @dataclass(frozen=True)
@@ -29,15 +44,46 @@ class ModelArgs:
     vocab_size: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | LinearRopeScaling | None = None
     attention_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: str = ""
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 2048
+    # Per layer: 0 attends to every earlier position, W > 0 to the last W (itself included).
+    # Empty: every layer global.
+    layer_windows: tuple[int, ...] = ()
+    # RoPE base of the sliding-window layers (Gemma 3: 10k locally, 1M globally); None: rope_theta.
+    local_rope_theta: float | None = None
+    # Layers that apply no rotary embedding at all (SmolLM3's every fourth).
+    nope_layers: tuple[int, ...] = ()
+    norm_placement: str = "pre"
+    activation: str = "silu"
+    embedding_scale: float = 1.0  # Gemma: sqrt(dim); Granite: embedding_multiplier
+    attention_scale: float | None = None  # None: 1/sqrt(head_dim)
+    residual_multiplier: float = 1.0  # Granite: each block's output scaled before the residual add
+    logit_scale: float = 1.0  # Granite: 1 / logits_scaling
+    final_logit_softcap: float | None = None  # Gemma 2: cap * tanh(logits / cap)
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        for name, value, allowed in (
+            ("norm_placement", self.norm_placement, NORM_PLACEMENTS),
+            ("qk_norm", self.qk_norm, QK_NORMS),
+            ("activation", self.activation, ACTIVATIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not one of {allowed}")
+        if self.layer_windows and len(self.layer_windows) != self.n_layers:
+            raise ValueError(f"{len(self.layer_windows)} layer windows for {self.n_layers} layers")
+        if any(w < 0 for w in self.layer_windows):
+            raise ValueError(f"negative attention window in {self.layer_windows}")
+        if any(not 0 <= i < self.n_layers for i in self.nope_layers):
+            raise ValueError(f"no-RoPE layer index out of range in {self.nope_layers}")
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s attention window, 0 for global attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     def parameter_count(self) -> int:
         """Parameters of the model (tied embeddings counted once)."""
@@ -45,7 +91,9 @@ class ModelArgs:
         kv = 2 * self.dim * self.n_kv_heads * self.head_dim
         o = self.n_heads * self.head_dim * self.dim
         bias = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim if self.attention_bias else 0
-        norms = 2 * self.dim + (2 * self.head_dim if self.qk_norm else 0)
+        qk = {"": 0, "head": 2 * self.head_dim, "proj": (self.n_heads + self.n_kv_heads) * self.head_dim}
+        block_norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_placement]
+        norms = block_norms * self.dim + qk[self.qk_norm]
         mlp = 3 * self.dim * self.hidden_dim
         layer = q + kv + o + bias + norms + mlp
         embed = self.vocab_size * self.dim

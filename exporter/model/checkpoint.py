@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,29 +20,11 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..plumbing.hashing import sha256_file
-from .transformer import ModelArgs, RopeScaling, Transformer
+from .families import BY_ARCHITECTURE, FAMILIES, ConfigReader, Family
+from .families.base import LLAMA_LAYER_KEYS, TOP_KEYS
+from .transformer import ModelArgs, Transformer
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-
-# Hugging Face name (after "model.layers.{i}.") -> ours (after "layers.{i}.")
-_LAYER_KEYS = {
-    "self_attn.q_proj": "attention.wq",
-    "self_attn.k_proj": "attention.wk",
-    "self_attn.v_proj": "attention.wv",
-    "self_attn.o_proj": "attention.wo",
-    "self_attn.q_norm": "attention.q_norm",
-    "self_attn.k_norm": "attention.k_norm",
-    "mlp.gate_proj": "feed_forward.w1",
-    "mlp.up_proj": "feed_forward.w3",
-    "mlp.down_proj": "feed_forward.w2",
-    "input_layernorm": "attention_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
-_TOP_KEYS = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
+SUPPORTED_ARCHITECTURES = {arch: family.name for arch, family in BY_ARCHITECTURE.items()}
 # Tensors some exporters write that carry no weights of ours (recomputed from the config).
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
@@ -58,6 +40,7 @@ class Checkpoint:
     config: dict[str, Any]
     weight_files: tuple[Path, ...]
     tokenizer_path: Path
+    family: Family = FAMILIES["llama"]
 
 
 def open_checkpoint(path: Path) -> Checkpoint:
@@ -71,7 +54,8 @@ def open_checkpoint(path: Path) -> Checkpoint:
     tokenizer = path / "tokenizer.json"
     if not tokenizer.is_file():
         raise CheckpointError(tokenizer, "tokenizer file missing (a Hugging Face tokenizer.json is required)")
-    return Checkpoint(path, path.name, architecture, args, config, _weight_files(path), tokenizer)
+    family = BY_ARCHITECTURE[architecture]
+    return Checkpoint(path, path.name, architecture, args, config, _weight_files(path), tokenizer, family)
 
 
 def _exists(path: Path, folder: bool = False) -> bool:
@@ -115,88 +99,13 @@ def _architecture(file: Path, config: dict[str, Any]) -> str:
     return str(arch)
 
 
-def _field(file: Path, config: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
-    value = config.get(key, default)
-    if value is None:
-        raise CheckpointError(file, f"required field {key!r} missing")
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value) if abs(value) < 2**1023 else math.inf  # float() of a larger int raises
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise CheckpointError(file, f"field {key!r} must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def _positive(file: Path, config: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
-    """A size (int) or a scale (float): no model has a zero, negative, infinite or NaN one, nor a size
-    that torch's 32-bit index arithmetic cannot hold."""
-    value = _field(file, config, key, kind, default)
-    if not (value > 0 and (value < 2**31 if kind is int else math.isfinite(value))):
-        raise CheckpointError(file, f"field {key!r} must be a positive finite number, got {value!r}")
-    return value
-
-
-def _flag(file: Path, config: dict[str, Any], key: str) -> bool:
-    value = config.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise CheckpointError(file, f"field {key!r} must be true or false, got {value!r}")
-    return bool(value)
-
-
 def config_to_args(file: Path, config: dict[str, Any], family: str) -> ModelArgs:
-    """Map a Hugging Face config to ``ModelArgs``; anything we would silently get wrong is an error."""
-    for key, ok in (("hidden_act", "silu"), ("mlp_bias", False), ("use_sliding_window", False)):
-        if key in config and config[key] not in (ok, None):
-            raise CheckpointError(file, f"unsupported {key}={config[key]!r} (only {ok!r})")
-    dim = _positive(file, config, "hidden_size", int)
-    n_heads = _positive(file, config, "num_attention_heads", int)
-    n_kv = _positive(file, config, "num_key_value_heads", int, n_heads)
-    if config.get("head_dim") is not None:
-        head_dim = _positive(file, config, "head_dim", int)
-    elif (head_dim := dim // n_heads) == 0:
-        raise CheckpointError(file, f"hidden_size {dim} is smaller than num_attention_heads {n_heads}")
-    theta, scaling = _rope(file, config)
-    try:
-        return ModelArgs(
-            dim=dim,
-            n_layers=_positive(file, config, "num_hidden_layers", int),
-            n_heads=n_heads,
-            n_kv_heads=n_kv,
-            head_dim=head_dim,
-            hidden_dim=_positive(file, config, "intermediate_size", int),
-            vocab_size=_positive(file, config, "vocab_size", int),
-            norm_eps=_positive(file, config, "rms_norm_eps", float, 1e-6),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            # Qwen2 always has q/k/v bias; Llama and Qwen3 say so in `attention_bias`.
-            attention_bias=family == "qwen2" or _flag(file, config, "attention_bias"),
-            qk_norm=family == "qwen3",
-            tie_word_embeddings=_flag(file, config, "tie_word_embeddings"),
-            max_position_embeddings=_positive(file, config, "max_position_embeddings", int, 2048),
-        )
-    except ValueError as e:
-        raise CheckpointError(file, str(e)) from e
-
-
-def _rope(file: Path, config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    # transformers >= 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise CheckpointError(file, f"rope_parameters must be a JSON object, got {params!r}")
-    theta = _positive(file, {"rope_theta": config.get("rope_theta", 10000.0), **params}, "rope_theta", float)
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise CheckpointError(file, f"unsupported rope type {kind!r} (supported: default, llama3)")
-    try:
-        return theta, RopeScaling(
-            factor=_positive(file, params, "factor", float),
-            low_freq_factor=_positive(file, params, "low_freq_factor", float),
-            high_freq_factor=_positive(file, params, "high_freq_factor", float),
-            original_max_position_embeddings=_positive(file, params, "original_max_position_embeddings", int),
-        )
-    except CheckpointError as e:
-        raise CheckpointError(file, f"llama3 rope scaling: {e.message}") from e
+    """Map a Hugging Face config to ``ModelArgs`` with the family's reader; anything we would silently
+    get wrong (an unsupported value, a field no reader knows) is an error naming the field."""
+    reader = ConfigReader(file, config)
+    args = FAMILIES[family].read(reader)
+    reader.check_unknown(family)
+    return args
 
 
 def _weight_files(path: Path) -> tuple[Path, ...]:
@@ -231,14 +140,14 @@ def _shard_names(index: Path) -> list[str]:
     return names
 
 
-def hf_to_ours(name: str) -> str | None:
+def hf_to_ours(name: str, layer_keys: Mapping[str, str] = LLAMA_LAYER_KEYS) -> str | None:
     """Hugging Face tensor name -> our parameter name; None for names we do not know."""
     if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name):
         layer, module, kind = m.groups()
-        ours = _LAYER_KEYS.get(module)
+        ours = layer_keys.get(module)
         return None if ours is None else f"layers.{layer}.{ours}.{kind}"
     if m := re.fullmatch(r"(.+)\.(weight|bias)", name):
-        ours = _TOP_KEYS.get(m.group(1))
+        ours = TOP_KEYS.get(m.group(1))
         return None if ours is None else f"{ours}.{m.group(2)}"
     return None
 
@@ -267,12 +176,13 @@ class TensorSource:
         expected = {k: v.shape for k, v in model.state_dict().items()}
         if ckpt.args.tie_word_embeddings:
             expected.pop("output.weight", None)
+        self._family = ckpt.family
         self._where: dict[str, tuple[Path, str]] = {}
         for file in ckpt.weight_files:
-            self._where.update(_index_file(file, expected))
+            self._where.update(_index_file(file, expected, ckpt.family.layer_keys))
         missing = sorted(set(expected) - set(self._where))
         if missing:
-            names = ", ".join(_ours_to_hf(m) for m in missing[:3])
+            names = ", ".join(_ours_to_hf(m, ckpt.family.layer_keys) for m in missing[:3])
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise CheckpointError(ckpt.weight_files[0], f"missing tensor {names}{more}")
         if ckpt.args.tie_word_embeddings:
@@ -294,19 +204,27 @@ class TensorSource:
             try:
                 with safe_open(str(file), framework="pt") as f:
                     for name in ours:
-                        tensor = f.get_tensor(self._where[name][1])
-                        out[name] = tensor if dtype is None else tensor.to(dtype)
+                        out[name] = self._as_ours(name, f.get_tensor(self._where[name][1]), dtype)
             except (SafetensorError, OSError, RuntimeError) as e:
                 raise CheckpointError(file, f"cannot read safetensors, truncated or corrupt? ({e})") from e
         return out
 
+    def _as_ours(self, name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+        offset = self._family.norm_offset
+        if offset and self._family.is_norm(name):
+            # (offset + w) in fp32, as the family's reference computes it; a norm weight is small
+            tensor = tensor.float() + offset
+        return tensor if dtype is None else tensor.to(dtype)
 
-def _index_file(file: Path, expected: dict[str, torch.Size]) -> dict[str, tuple[Path, str]]:
+
+def _index_file(
+    file: Path, expected: dict[str, torch.Size], layer_keys: Mapping[str, str]
+) -> dict[str, tuple[Path, str]]:
     out: dict[str, tuple[Path, str]] = {}
     try:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                ours = hf_to_ours(name)
+                ours = hf_to_ours(name, layer_keys)
                 if ours is None or ours not in expected:
                     if _IGNORED.fullmatch(name) or (ours == "output.weight" and ours not in expected):
                         continue
@@ -323,13 +241,13 @@ def _index_file(file: Path, expected: dict[str, torch.Size]) -> dict[str, tuple[
     return out
 
 
-def _ours_to_hf(name: str) -> str:
-    for hf in _TOP_KEYS.items():
+def _ours_to_hf(name: str, layer_keys: Mapping[str, str]) -> str:
+    for hf in TOP_KEYS.items():
         if name.startswith(hf[1] + "."):
             return hf[0] + name[len(hf[1]) :]
     m = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
     if m:
-        inverse = {v: k for k, v in _LAYER_KEYS.items()}
+        inverse = {v: k for k, v in layer_keys.items()}
         return f"model.layers.{m.group(1)}.{inverse[m.group(2)]}.{m.group(3)}"
     return name
 

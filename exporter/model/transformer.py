@@ -1,9 +1,11 @@
-"""The one eager model definition: a Llama-family decoder with a static KV cache.
+"""The one eager model definition: a decoder-only transformer with a static KV cache.
 
-Covers Llama 2/3.x (incl. ``llama3`` RoPE scaling), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k
-RMSNorm, explicit ``head_dim``), SmolLM2 and TinyLlama. The calling convention is the one ExecuTorch's
-LLM runner uses: ``forward(tokens: int64[1, T], input_pos: int64[1]) -> logits``, where ``input_pos``
-holds the position of ``tokens[:, 0]`` and the cache lives inside the module as buffers.
+One definition for every family ``families/`` reads (Llama 2/3.x, SmolLM2/3, Qwen2/2.5/3, Gemma 3,
+Mistral, Granite, OLMo 2): the features they differ by are named fields of ``ModelArgs`` (per-layer
+sliding window and RoPE base, norm placement, q/k norm scope, activation, multipliers, soft-cap).
+Sliding-window layers keep a ring of the window, not a cache of ``max_seq_len``. The calling
+convention is the one ExecuTorch's LLM runner uses: ``forward(tokens: int64[1, T],
+input_pos: int64[1]) -> logits``, where ``input_pos`` holds the position of ``tokens[:, 0]`` and the cache lives inside the module as buffers.
 
 Shapes in comments: B batch (1), T new tokens, S max sequence length, H query heads, K kv heads,
 D head dim, E model dim, V vocabulary.
@@ -12,22 +14,56 @@ D head dim, E model dim, V vocabulary.
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # Plain architecture values live torch-free (recipes and the build plan need them); re-exported here.
-from .args import ModelArgs, RopeScaling
+from .args import LinearRopeScaling, ModelArgs, RopeScaling
+from .cache import SDPA, KVCache, RingKVCache, RingSDPA
+
+__all__ = [
+    "SDPA",
+    "Attention",
+    "FeedForward",
+    "KVCache",
+    "LinearRopeScaling",
+    "ModelArgs",
+    "RMSNorm",
+    "RingKVCache",
+    "RingSDPA",
+    "Rope",
+    "RopeScaling",
+    "RotateHalf",
+    "Transformer",
+    "TransformerBlock",
+    "precompute_rope",
+]
 
 
-def precompute_rope(args: ModelArgs, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [S, D] in the "rotate half" layout that Hugging Face checkpoints use."""
+class Rope(NamedTuple):
+    """cos, sin [1, T, 1, D] of the global layers and of the sliding-window (local) layers."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    local_cos: torch.Tensor
+    local_sin: torch.Tensor
+
+
+def precompute_rope(
+    args: ModelArgs, max_seq_len: int, local: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [S, D] in the "rotate half" layout that Hugging Face checkpoints use.
+    ``local``: the sliding-window layers' tables (their own base, never scaled), where they differ."""
     d = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    if args.rope_scaling is not None:
+    theta = args.local_rope_theta if local and args.local_rope_theta is not None else args.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if isinstance(args.rope_scaling, RopeScaling) and not local:
         inv_freq = _scale_llama3(inv_freq, args.rope_scaling)
+    elif isinstance(args.rope_scaling, LinearRopeScaling) and not local:
+        inv_freq = inv_freq / args.rope_scaling.factor
     t = torch.arange(max_seq_len, dtype=torch.float64)
     freqs = torch.outer(t, inv_freq)  # [S, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
@@ -70,106 +106,92 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-class KVCache(nn.Module):
-    """Static cache, [B, K, S, D] per tensor, updated in place at ``start_pos``."""
-
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-
-    def __init__(self, n_kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.n_kv_heads, self.head_dim, self.max_seq_len, self.dtype = (
-            n_kv_heads,
-            head_dim,
-            max_seq_len,
-            dtype,
-        )
-        self.init_buffers()
-
-    def cache_shape(self) -> tuple[int, int, int, int]:
-        return (1, self.n_kv_heads, self.max_seq_len, self.head_dim)
-
-    def init_buffers(self) -> None:
-        shape = self.cache_shape()
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
-
-    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [B, T, K, D] -> whole caches [B, K, S, D]."""
-        seq_len = k.shape[1]
-        self.k_cache.narrow(2, start_pos, seq_len).copy_(k.transpose(1, 2))
-        self.v_cache.narrow(2, start_pos, seq_len).copy_(v.transpose(1, 2))
-        return self.k_cache, self.v_cache
-
-
-class SDPA(nn.Module):
-    """Causal attention of T new queries over the whole cache. The mask is computed from positions,
-    not stored: a [S, S] buffer per layer would be the largest constant of a small model."""
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """q [B, T, H, D]; k, v [B, K, S, D] -> [B, T, H*D]."""
-        bsz, seq_len, _, _ = q.shape
-        q_pos = torch.arange(seq_len, device=q.device) + start_pos
-        k_pos = torch.arange(k.shape[2], device=q.device)
-        mask = k_pos[None, :] <= q_pos[:, None]  # [T, S], True = may attend
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True)
-        return y.transpose(1, 2).reshape(bsz, seq_len, q.shape[2] * q.shape[3])
-
-
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype) -> None:
+    def __init__(self, args: ModelArgs, layer: int, max_seq_len: int, cache_dtype: torch.dtype) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.window = args.window(layer)
+        self.use_rope = layer not in args.nope_layers
+        self.scale = args.attention_scale
         bias = args.attention_bias
-        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=bias)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=bias)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=bias)
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
-        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
-        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
-        self.kv_cache: KVCache = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
-        self.sdpa: nn.Module = SDPA()
+        q_dim, kv_dim = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+        self.wq = nn.Linear(args.dim, q_dim, bias=bias)
+        self.wk = nn.Linear(args.dim, kv_dim, bias=bias)
+        self.wv = nn.Linear(args.dim, kv_dim, bias=bias)
+        self.wo = nn.Linear(q_dim, args.dim, bias=False)
+        self.qk_norm = args.qk_norm
+        norm_dims = {"": None, "head": (args.head_dim, args.head_dim), "proj": (q_dim, kv_dim)}[args.qk_norm]
+        self.q_norm = RMSNorm(norm_dims[0], args.norm_eps) if norm_dims else None
+        self.k_norm = RMSNorm(norm_dims[1], args.norm_eps) if norm_dims else None
+        self.kv_cache: KVCache
+        self.sdpa: nn.Module
+        if self.window:
+            self.kv_cache = RingKVCache(args.n_kv_heads, args.head_dim, self.window, cache_dtype)
+            self.sdpa = RingSDPA(self.window, args.attention_scale)
+        else:
+            self.kv_cache = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
+            self.sdpa = SDPA(args.attention_scale)
         self.rotate_half: nn.Module = RotateHalf()
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [B, T, H, D]; cos, sin [1, T, 1, D]."""
         return x * cos + self.rotate_half(x) * sin
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, start_pos: int) -> torch.Tensor:
         # -1 for the sequence: XNNPACK delegates a reshape with one inferred dim, not a symbolic one.
         bsz = x.shape[0]
-        q = self.wq(x).view(bsz, -1, self.n_heads, self.head_dim)
-        k = self.wk(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        if self.qk_norm == "proj" and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        q = q.view(bsz, -1, self.n_heads, self.head_dim)
+        k = k.view(bsz, -1, self.n_kv_heads, self.head_dim)
+        v = v.view(bsz, -1, self.n_kv_heads, self.head_dim)
+        if self.qk_norm == "head" and self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.use_rope:
+            cos, sin = (rope.local_cos, rope.local_sin) if self.window else (rope.cos, rope.sin)
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         k_all, v_all = self.kv_cache.update(start_pos, k, v)
         return self.wo(self.sdpa(q, k_all, v_all, start_pos))
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int) -> None:
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu") -> None:
         super().__init__()
+        self.activation = activation
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate = self.w1(x)
+        gate = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
+        return self.w2(gate * self.w3(x))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype) -> None:
-        super().__init__()
-        self.attention = Attention(args, max_seq_len, cache_dtype)
-        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+    """Norms where the family puts them: before each sub-layer ("pre", Llama), before and after
+    ("sandwich", Gemma), or after only ("post", OLMo 2). An absent norm is an ``Identity``, so the
+    block has no weight the checkpoint does not."""
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, start_pos)
-        return h + self.feed_forward(self.ffn_norm(h))
+    def __init__(self, args: ModelArgs, layer: int, max_seq_len: int, cache_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.attention = Attention(args, layer, max_seq_len, cache_dtype)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim, args.activation)
+        pre, post = args.norm_placement in ("pre", "sandwich"), args.norm_placement in ("sandwich", "post")
+
+        def norm(present: bool) -> nn.Module:
+            return RMSNorm(args.dim, args.norm_eps) if present else nn.Identity()
+
+        self.attention_norm, self.ffn_norm = norm(pre), norm(pre)
+        self.post_attention_norm, self.post_ffn_norm = norm(post), norm(post)
+        self.residual_multiplier = args.residual_multiplier
+
+    def forward(self, x: torch.Tensor, rope: Rope, start_pos: int) -> torch.Tensor:
+        a = self.post_attention_norm(self.attention(self.attention_norm(x), rope, start_pos))
+        h = x + (a if self.residual_multiplier == 1.0 else a * self.residual_multiplier)
+        f = self.post_ffn_norm(self.feed_forward(self.ffn_norm(h)))
+        return h + (f if self.residual_multiplier == 1.0 else f * self.residual_multiplier)
 
 
 class Transformer(nn.Module):
@@ -177,6 +199,8 @@ class Transformer(nn.Module):
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    rope_local_cos: torch.Tensor
+    rope_local_sin: torch.Tensor
 
     def __init__(self, args: ModelArgs, max_seq_len: int, cache_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -184,10 +208,15 @@ class Transformer(nn.Module):
         self.max_seq_len = max_seq_len
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(
-            TransformerBlock(args, max_seq_len, cache_dtype) for _ in range(args.n_layers)
+            TransformerBlock(args, i, max_seq_len, cache_dtype) for i in range(args.n_layers)
         )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Own tables for the sliding-window layers only where their RoPE differs (never aliased
+        # buffers: export would have to de-duplicate them).
+        self.local_rope = bool(args.layer_windows) and (
+            args.local_rope_theta not in (None, args.rope_theta) or args.rope_scaling is not None
+        )
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.init_buffers()
@@ -200,6 +229,10 @@ class Transformer(nn.Module):
         cos, sin = precompute_rope(self.args, self.max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if self.local_rope:
+            cos, sin = precompute_rope(self.args, self.max_seq_len, local=True)
+            self.register_buffer("rope_local_cos", cos, persistent=False)
+            self.register_buffer("rope_local_sin", sin, persistent=False)
         for module in self.modules():
             init = getattr(module, "init_buffers", None)
             if module is not self and callable(init):
@@ -211,37 +244,63 @@ class Transformer(nn.Module):
         self.max_seq_len = max_seq_len
         for module in self.modules():
             if isinstance(module, KVCache):
-                module.max_seq_len = max_seq_len
+                module.resize(max_seq_len)
         self.init_buffers()
+
+    def cast_rope(self, dtype: torch.dtype) -> None:
+        """The RoPE tables in the compute dtype (they are made in fp32)."""
+        names = ("rope_cos", "rope_sin") + (("rope_local_cos", "rope_local_sin") if self.local_rope else ())
+        for name in names:
+            self.register_buffer(name, getattr(self, name).to(dtype), persistent=False)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] -> scaled embeddings [B, T, E]."""
+        return self.scale_embedding(self.tok_embeddings(tokens))
+
+    def scale_embedding(self, rows: torch.Tensor) -> torch.Tensor:
+        """Embedding rows as the first block takes them (Gemma multiplies by sqrt(E), in their dtype)."""
+        scale = self.args.embedding_scale
+        return rows if scale == 1.0 else rows * torch.tensor(scale, dtype=rows.dtype)
 
     def hidden(
         self, tokens: torch.Tensor, input_pos: torch.Tensor, embedded: torch.Tensor | None = None
     ) -> torch.Tensor:
         """tokens [B, T], input_pos [1] -> final-norm hidden states [B, T, E]; fills the cache.
-        ``embedded``: the tokens' embedding rows, already looked up by the caller."""
+        ``embedded``: the tokens' embedding rows, already looked up (not yet scaled) by the caller."""
         seq_len = tokens.shape[1]
         # A data-dependent start position, as ExecuTorch's own Llama does: export keeps it symbolic,
         # and the checks tell it that every slice below stays inside the static buffers.
         start_pos = cast(int, input_pos[0].item())
         torch._check(start_pos >= 0)
         torch._check(start_pos + seq_len <= self.max_seq_len)
-        h = self.tok_embeddings(tokens) if embedded is None else embedded
-        cos, sin = (t.to(h.dtype) for t in self.rope_window(start_pos, seq_len))
+        h = self.scale_embedding(self.tok_embeddings(tokens) if embedded is None else embedded)
+        rope = Rope(*(t.to(h.dtype) for t in self.rope_window(start_pos, seq_len)))
         for layer in self.layers:
-            h = layer(h, cos, sin, start_pos)
+            h = layer(h, rope, start_pos)
         return self.norm(h)
 
-    def rope_window(self, start_pos: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [1, T, 1, D] for positions start_pos ..: sliced and broadcast once for all
+    def rope_window(self, start_pos: int, seq_len: int) -> Rope:
+        """RoPE tables [1, T, 1, D] for positions start_pos ..: sliced and broadcast once for all
         layers, not once per layer."""
-        return (
-            self.rope_cos.narrow(0, start_pos, seq_len)[None, :, None, :],
-            self.rope_sin.narrow(0, start_pos, seq_len)[None, :, None, :],
-        )
+        tables = (self.rope_cos, self.rope_sin) * 2
+        if self.local_rope:
+            tables = (self.rope_cos, self.rope_sin, self.rope_local_cos, self.rope_local_sin)
+        return Rope(*(t.narrow(0, start_pos, seq_len)[None, :, None, :] for t in tables))
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's output as the family defines logits: Granite divides, Gemma 2 soft-caps."""
+        if self.args.logit_scale != 1.0:
+            logits = logits * self.args.logit_scale
+        if (cap := self.args.final_logit_softcap) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.finish_logits(self.output(hidden))
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """tokens [B, T], input_pos [1] -> logits [B, T, V]."""
-        return self.output(self.hidden(tokens, input_pos))
+        return self.logits(self.hidden(tokens, input_pos))
 
     def reset_cache(self) -> None:
         for module in self.modules():

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..recipe import Recipe
-from .transformer import Attention, KVCache, RMSNorm, RotateHalf, Transformer
+from .cache import ring_mask, ring_write
+from .transformer import Attention, KVCache, RingKVCache, RMSNorm, RotateHalf, Transformer
 
 
 def load_custom_ops() -> None:
@@ -33,21 +34,61 @@ class CustomSDPA(nn.Module):
     """``llama::custom_sdpa``: causal from ``start_pos``, grouped-query heads handled by the kernel,
     so there is no mask buffer and no repeated K/V."""
 
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__()
+        self.scale = scale
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
         """q [B, T, H, D]; k, v [B, S, K, D] -> [B, T, H*D]."""
         bsz = q.shape[0]
-        y = torch.ops.llama.custom_sdpa(q, k, v, start_pos, None, 0.0, True)
+        y = torch.ops.llama.custom_sdpa(q, k, v, start_pos, None, 0.0, True, self.scale)
         return y.reshape(bsz, -1, q.shape[2] * q.shape[3])  # one inferred dim: delegable
+
+
+class CustomRingKVCache(RingKVCache):
+    """``RingKVCache`` in the [B, W, K, D] layout ``llama::custom_sdpa`` reads."""
+
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        return (1, self.window, self.n_kv_heads, self.head_dim)
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, T, K, D] -> the ring as it was, then the new ones [B, W + T, K, D]."""
+        keys, values = torch.cat([self.k_cache, k], dim=1), torch.cat([self.v_cache, v], dim=1)
+        ring_write(self.k_cache, k, start_pos, 1)
+        ring_write(self.v_cache, v, start_pos, 1)
+        return keys, values
+
+
+class CustomRingSDPA(nn.Module):
+    """``llama::custom_sdpa`` over a ring and the new keys, with the window's mask (additive); the
+    kernel ignores ``start_pos`` when it is given a mask."""
+
+    def __init__(self, window: int, scale: float | None = None) -> None:
+        super().__init__()
+        self.window, self.scale = window, scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """q [B, T, H, D]; k, v [B, W + T, K, D] -> [B, T, H*D]."""
+        bsz = q.shape[0]
+        allowed = ring_mask(self.window, start_pos, q.shape[1])
+        mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+        y = torch.ops.llama.custom_sdpa(q, k, v, 0, mask, 0.0, False, self.scale)
+        return y.reshape(bsz, -1, q.shape[2] * q.shape[3])
 
 
 def replace_sdpa_with_custom_sdpa(model: Transformer) -> Transformer:
     load_custom_ops()
     for module in model.modules():
-        if isinstance(module, Attention):
-            old = module.kv_cache
-            assert type(old) is KVCache, "custom SDPA replaces the default cache only"
+        if not isinstance(module, Attention):
+            continue
+        old, scale = module.kv_cache, module.scale
+        if type(old) is RingKVCache:
+            module.kv_cache = CustomRingKVCache(old.n_kv_heads, old.head_dim, old.window, old.dtype)
+            module.sdpa = CustomRingSDPA(old.window, scale)
+        else:
+            assert type(old) is KVCache, "custom SDPA replaces the default caches only"
             module.kv_cache = CustomKVCache(old.n_kv_heads, old.head_dim, old.max_seq_len, old.dtype)
-            module.sdpa = CustomSDPA()
+            module.sdpa = CustomSDPA(scale)
     return model
 
 
@@ -113,7 +154,7 @@ class LastTokenLogits(nn.Module):
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         h = self.model.hidden(tokens, input_pos)
-        return self.model.output(h[:, -1, :]).float()  # fp32 logits whatever the compute dtype
+        return self.model.logits(h[:, -1, :]).float()  # fp32 logits whatever the compute dtype
 
 
 def for_export(recipe: Recipe, model: Transformer) -> LastTokenLogits:

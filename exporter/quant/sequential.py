@@ -34,7 +34,7 @@ from ..errors import RecipeError
 from ..gate.reference import HEAD_ROWS, head_logits
 from ..gate.validate import Reference
 from ..model.checkpoint import Checkpoint, TensorSource, fill
-from ..model.transformer import Transformer, TransformerBlock
+from ..model.transformer import Rope, Transformer, TransformerBlock
 from ..model.transforms import LastTokenLogits, for_export
 from ..plumbing.progress import progress
 from ..plumbing.threads import fixed_threads
@@ -72,7 +72,7 @@ def block_linears(block: nn.Module) -> dict[str, nn.Linear]:
 
 
 def block_hessians(
-    block: TransformerBlock, xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, keep: int
+    block: TransformerBlock, xs: Sequence[torch.Tensor], rope: Rope, keep: int
 ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
     """Input Hessians of the block's linears over ``xs``, and the block's outputs on the first
     ``keep`` windows (the fp32 targets of the int8 choice)."""
@@ -90,7 +90,7 @@ def block_hessians(
     targets = []
     try:
         for i, x in enumerate(xs):
-            y = block(x, cos, sin, 0)
+            y = block(x, rope, 0)
             if i < keep:
                 targets.append(y)
     finally:
@@ -108,26 +108,25 @@ def _output_error(
     block: TransformerBlock,
     xs: Sequence[torch.Tensor],
     ys: Sequence[torch.Tensor],
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    rope: Rope,
 ) -> float:
-    return sum(float((block(x, cos, sin, 0) - y).square().sum()) for x, y in zip(xs, ys, strict=True))
+    return sum(float((block(x, rope, 0) - y).square().sum()) for x, y in zip(xs, ys, strict=True))
 
 
 def choose_int8(
     block: TransformerBlock,
     int4: dict[str, Quantized],
     int8: dict[str, Quantized],
-    probe: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor, torch.Tensor],
+    probe: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], Rope],
     base: LinearQuant,
     ratio: float,
 ) -> tuple[set[str], dict[str, float]]:
     """The linears of ``block`` raised to int8 (see the module's docstring, step 3), and the block's
     measured output error with all int4 and with the choice, relative to its output's energy."""
     linears = block_linears(block)
-    xs, ys, cos, sin = probe
+    xs, ys, rope = probe
     _set_weights(linears, {n: q.dequantize() for n, q in int4.items()})
-    all4 = _output_error(block, xs, ys, cos, sin)
+    all4 = _output_error(block, xs, ys, rope)
     extra = {
         n: stored_bytes_estimate(linears[n].weight.shape, INT8)
         - stored_bytes_estimate(linears[n].weight.shape, base)
@@ -138,7 +137,7 @@ def choose_int8(
     if ratio > 1:
         for name in linears:
             linears[name].weight.data = int8[name].dequantize()
-            gains[name] = all4 - _output_error(block, xs, ys, cos, sin)
+            gains[name] = all4 - _output_error(block, xs, ys, rope)
             linears[name].weight.data = int4[name].dequantize()
     chosen: set[str] = set()
     for name in sorted(gains, key=lambda n: gains[n] / extra[n], reverse=True):
@@ -147,21 +146,20 @@ def choose_int8(
             budget -= extra[name]
     _set_weights(linears, {n: int8[n].dequantize() for n in chosen})
     energy = sum(float(y.square().sum()) for y in ys)
-    final = _output_error(block, xs, ys, cos, sin) if chosen else all4
+    final = _output_error(block, xs, ys, rope) if chosen else all4
     return chosen, {"int4": all4 / energy, "chosen": final / energy}
 
 
 def tune_block(
     block: TransformerBlock,
     xs: list[torch.Tensor],
-    rope: tuple[torch.Tensor, torch.Tensor],
+    rope: Rope,
     settings: StreamedGptq,
     base: LinearQuant,
     dtype: torch.dtype,
 ) -> tuple[list[torch.Tensor], dict[str, Any]]:
     """Quantize one fp32 block in place (torchao tensors); returns the next block's inputs."""
-    cos, sin = rope
-    hessians, targets = block_hessians(block, xs, cos, sin, settings.measure_windows)
+    hessians, targets = block_hessians(block, xs, rope, settings.measure_windows)
     linears = block_linears(block)
     weights = {n: m.weight.detach() for n, m in linears.items()}  # solve() works on its own copy
     prepared: dict[int, Prepared] = {}  # one factorisation per distinct Hessian
@@ -175,10 +173,10 @@ def tune_block(
 
     int4 = {n: gptq(n, base) for n in linears}
     int8 = {n: gptq(n, INT8) for n in linears} if settings.int8_size_ratio > 1 else {}
-    probe = (xs[: settings.measure_windows], targets, cos, sin)
+    probe = (xs[: settings.measure_windows], targets, rope)
     chosen, errors = choose_int8(block, int4, int8, probe, base, settings.int8_size_ratio)
     # weights are the chosen dequantized ones now: the next inputs come from the quantized block
-    outputs = [block(x, cos, sin, 0) for x in xs]
+    outputs = [block(x, rope, 0) for x in xs]
     block.to(dtype)  # before the torchao tensors: a cast would widen their bf16 scales
     for name, linear in linears.items():
         q, solved = (INT8, int8[name]) if name in chosen else (base, int4[name])
@@ -222,8 +220,8 @@ def gptq_module(
     blocks: list[dict[str, Any]] = []
     with torch.no_grad(), fixed_threads(settings.threads):
         fill(model.tok_embeddings, source, "tok_embeddings.", None)
-        h = model.tok_embeddings(gate).float()
-        xs = [model.tok_embeddings(torch.tensor([w])).float() for w in windows]
+        h = model.scale_embedding(model.tok_embeddings(gate).float())
+        xs = [model.scale_embedding(model.tok_embeddings(torch.tensor([w])).float()) for w in windows]
         quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
         gate_rope = model.rope_window(0, gate.shape[1])
         rope = model.rope_window(0, settings.window_tokens)
@@ -231,7 +229,7 @@ def gptq_module(
             for i, layer in enumerate(model.layers):
                 assert isinstance(layer, TransformerBlock)
                 fill(layer, source, f"layers.{i}.")
-                h = layer(h, *gate_rope, 0)
+                h = layer(h, gate_rope, 0)
                 xs, record = tune_block(layer, xs, rope, settings, base, dtype)
                 blocks.append(record)
                 tick()
@@ -241,7 +239,7 @@ def gptq_module(
         model.norm.to(dtype)
         fill(model.output, source, "output.", None)
         head = model.output.weight
-        logits = head_logits(h, head)[0, :-1]
+        logits = model.finish_logits(head_logits(h, head))[0, :-1]
         hessian = sum(
             (x.reshape(-1, x.shape[-1]).T @ x.reshape(-1, x.shape[-1]) for x in xs),
             torch.zeros(head.shape[1], head.shape[1]),
@@ -251,8 +249,7 @@ def gptq_module(
             requires_grad=False,
         )
     model.resize_cache(recipe.export.max_seq_len)
-    for name in ("rope_cos", "rope_sin"):
-        model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
+    model.cast_rope(dtype)
     seconds = time.perf_counter() - start
     record = {
         "method": "streamed GPTQ, int8 per block by measured output error",

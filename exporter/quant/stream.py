@@ -43,16 +43,16 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         # cast and quantized a block of rows at a time; the reference uses them in fp32 all the
         # same (a bf16 -> fp32 cast is exact).
         fill(model.tok_embeddings, source, "tok_embeddings.", None)
-        h = model.tok_embeddings(tokens).float()
+        h = model.scale_embedding(model.tok_embeddings(tokens).float())
         if quant.embedding is None:
             model.tok_embeddings.to(dtype)
         else:
             quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
-        cos, sin = model.rope_window(0, tokens.shape[1])
+        rope = model.rope_window(0, tokens.shape[1])
         with progress("load_quantize", total=len(model.layers), unit="layer") as tick:
             for i, layer in enumerate(model.layers):
                 fill(layer, source, f"layers.{i}.")
-                h = layer(h, cos, sin, 0)
+                h = layer(h, rope, 0)
                 quantize_linears(layer.to(dtype), quant.linear)
                 tick()
         fill(model.norm, source, "norm.")
@@ -62,14 +62,13 @@ def stream_module(ckpt: Checkpoint, recipe: Recipe, ids: Sequence[int]) -> tuple
         # quantized apart (as ``untie_embeddings`` does for a whole model).
         fill(model.output, source, "output.", None)
         head = model.output.weight
-        logits = head_logits(h, head)[0, :-1]
+        logits = model.finish_logits(head_logits(h, head))[0, :-1]
         if ckpt.args.tie_word_embeddings and quant.linear is None and quant.embedding is None:
             model.output.weight = model.tok_embeddings.weight  # nothing to quantize apart: stay tied
         elif quant.linear is None:
             model.output.to(dtype)
         else:
             quantize_linears(model.output, quant.linear, dtype)
-    for name in ("rope_cos", "rope_sin"):
-        model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
+    model.cast_rope(dtype)
     model.reset_cache()
     return for_export(recipe, model), Reference(list(ids), logits)

@@ -178,6 +178,5 @@ def tuned_module(
             quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
         model.to(dtype)
     model.init_buffers()
-    for name in ("rope_cos", "rope_sin"):
-        model.register_buffer(name, getattr(model, name).to(dtype), persistent=False)
+    model.cast_rope(dtype)
     return for_export(recipe, model), reference, record

@@ -1,0 +1,138 @@
+"""KV caches and the attention over them.
+
+``KVCache`` holds every position up to ``max_seq_len``; ``RingKVCache`` holds the last ``window``
+positions of a sliding-window layer (Gemma 3's local layers, Mistral), so a 4,096-position build keeps
+512 positions on those layers, not 4,096. Attention over a ring reads the ring as it was before this
+call *and* the new keys, with a mask computed from positions, and only then overwrites the ring: a
+prefill longer than the window stays exact (ExecuTorch's ``RingKVCache`` keeps twice the window and
+caps a prefill at it instead). Like every ring buffer, it assumes positions arrive in order: a runner
+that rewinds ``input_pos`` must re-prefill from a position at least a window back.
+
+Shapes: B batch (1), T new tokens, S cache positions, W window, K kv heads, H query heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KVCache(nn.Module):
+    """Static cache, [B, K, S, D] per tensor, updated in place at ``start_pos``."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+    def __init__(self, n_kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.n_kv_heads, self.head_dim, self.max_seq_len, self.dtype = (
+            n_kv_heads,
+            head_dim,
+            max_seq_len,
+            dtype,
+        )
+        self.init_buffers()
+
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        return (1, self.n_kv_heads, self.max_seq_len, self.head_dim)
+
+    def init_buffers(self) -> None:
+        shape = self.cache_shape()
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
+
+    def resize(self, max_seq_len: int) -> None:
+        """Positions to hold after the next ``init_buffers``."""
+        self.max_seq_len = max_seq_len
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, T, K, D] -> whole caches [B, K, S, D]."""
+        seq_len = k.shape[1]
+        self.k_cache.narrow(2, start_pos, seq_len).copy_(k.transpose(1, 2))
+        self.v_cache.narrow(2, start_pos, seq_len).copy_(v.transpose(1, 2))
+        return self.k_cache, self.v_cache
+
+
+class SDPA(nn.Module):
+    """Causal attention of T new queries over the whole cache. The mask is computed from positions,
+    not stored: a [S, S] buffer per layer would be the largest constant of a small model."""
+
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """q [B, T, H, D]; k, v [B, K, S, D] -> [B, T, H*D]."""
+        bsz, seq_len, _, _ = q.shape
+        q_pos = torch.arange(seq_len, device=q.device) + start_pos
+        k_pos = torch.arange(k.shape[2], device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]  # [T, S], True = may attend
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True, scale=self.scale
+        )
+        return y.transpose(1, 2).reshape(bsz, seq_len, q.shape[2] * q.shape[3])
+
+
+def ring_positions(window: int, start_pos: int) -> torch.Tensor:
+    """Position held by each ring slot before positions ``start_pos``.. are written [W]; negative
+    where the slot was never written. Slot s holds the latest position p < start_pos with p = s mod W."""
+    last = start_pos - 1
+    return last - torch.remainder(last - torch.arange(window), window)
+
+
+def ring_mask(window: int, start_pos: int, seq_len: int) -> torch.Tensor:
+    """[T, W + T], True = may attend: keys are the ring as it was, then the T new positions."""
+    new = torch.arange(seq_len) + start_pos
+    keys = torch.cat([ring_positions(window, start_pos), new])
+    delta = new[:, None] - keys[None, :]
+    return (keys[None, :] >= 0) & (delta >= 0) & (delta < window)
+
+
+def ring_write(cache: torch.Tensor, new: torch.Tensor, start_pos: int, seq_dim: int) -> None:
+    """Write the new keys or values (sequence along ``seq_dim`` of both) into the ring in place.
+    Every slot is rewritten from a gather, so a prefill longer than the window writes each slot once
+    (with its latest position) and the shapes stay static: no duplicate-index scatter."""
+    window, seq_len = cache.shape[seq_dim], new.shape[seq_dim]
+    after = ring_positions(window, start_pos + seq_len)  # what each slot holds once written
+    fresh = after >= start_pos
+    gathered = new.index_select(seq_dim, (after - start_pos).clamp(min=0))
+    shape = [1] * cache.dim()
+    shape[seq_dim] = window
+    cache.copy_(torch.where(fresh.view(shape), gathered, cache))
+
+
+class RingKVCache(KVCache):
+    """The last ``window`` positions, [B, K, W, D] per tensor; ``update`` returns the ring as it was
+    followed by the new keys and values, [B, K, W + T, D], and then overwrites the ring."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, window: int, dtype: torch.dtype) -> None:
+        self.window = window
+        super().__init__(n_kv_heads, head_dim, window, dtype)
+
+    def resize(self, max_seq_len: int) -> None:
+        """A ring holds its window whatever the sequence length."""
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        keys, values = torch.cat([self.k_cache, k], dim=2), torch.cat([self.v_cache, v], dim=2)
+        ring_write(self.k_cache, k, start_pos, 2)
+        ring_write(self.v_cache, v, start_pos, 2)
+        return keys, values
+
+
+class RingSDPA(nn.Module):
+    """Attention of T new queries over a ring's keys followed by their own (``RingKVCache``)."""
+
+    def __init__(self, window: int, scale: float | None = None) -> None:
+        super().__init__()
+        self.window, self.scale = window, scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """q [B, T, H, D]; k, v [B, K, W + T, D] -> [B, T, H*D]."""
+        bsz, seq_len, _, _ = q.shape
+        mask = ring_mask(self.window, start_pos, seq_len)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True, scale=self.scale
+        )
+        return y.transpose(1, 2).reshape(bsz, seq_len, q.shape[2] * q.shape[3])
