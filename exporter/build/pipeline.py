@@ -348,7 +348,8 @@ def assemble_manifest(
     size = model_file.stat().st_size
     params = args.parameter_count()
     item = DTYPES[recipe.export.dtype].itemsize
-    kv_bytes = 2 * args.n_layers * recipe.export.max_seq_len * args.n_kv_heads * args.head_dim * item
+    # rings of sliding-window layers hold their window, not max_seq_len positions
+    kv_bytes = 2 * args.cache_positions(recipe.export.max_seq_len) * args.n_kv_heads * args.head_dim * item
     versions = tool_versions()
     ckpt_files = [ckpt.path / "config.json", *ckpt.weight_files, ckpt.tokenizer_path]
     return {
@@ -403,6 +404,8 @@ def assemble_manifest(
                 "layout": "[1, max_seq_len, n_kv_heads, head_dim]"
                 if recipe.export.custom_sdpa
                 else "[1, n_kv_heads, max_seq_len, head_dim]",
+                # per layer: 0 = every position, W = a ring of min(W, max_seq_len) slots
+                "layer_windows": [args.window(i) for i in range(args.n_layers)],
                 "dtype": recipe.export.dtype,
                 "bytes": kv_bytes,
             },

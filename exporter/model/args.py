@@ -85,6 +85,11 @@ class ModelArgs:
         """Layer ``layer``'s attention window, 0 for global attention."""
         return self.layer_windows[layer] if self.layer_windows else 0
 
+    def cache_positions(self, max_seq_len: int) -> int:
+        """Positions the KV caches hold, summed over layers: a sliding-window layer's ring holds
+        min(window, max_seq_len), a global layer max_seq_len."""
+        return sum(min(self.window(i) or max_seq_len, max_seq_len) for i in range(self.n_layers))
+
     def parameter_count(self) -> int:
         """Parameters of the model (tied embeddings counted once)."""
         q = self.dim * self.n_heads * self.head_dim

@@ -74,17 +74,20 @@ class SDPA(nn.Module):
         return y.transpose(1, 2).reshape(bsz, seq_len, q.shape[2] * q.shape[3])
 
 
-def ring_positions(window: int, start_pos: int) -> torch.Tensor:
-    """Position held by each ring slot before positions ``start_pos``.. are written [W]; negative
-    where the slot was never written. Slot s holds the latest position p < start_pos with p = s mod W."""
+def ring_positions(slots: int, start_pos: int) -> torch.Tensor:
+    """Position held by each of a ring's R slots before positions ``start_pos``.. are written [R];
+    negative where the slot was never written. Slot s holds the latest position p < start_pos with
+    p = s mod R."""
     last = start_pos - 1
-    return last - torch.remainder(last - torch.arange(window), window)
+    # + slots keeps the dividend >= 0 (last >= -1, s < slots): ExecuTorch's integer remainder takes
+    # the dividend's sign, torch's the divisor's; they agree only on non-negative operands.
+    return last - torch.remainder(last - torch.arange(slots) + slots, slots)
 
 
-def ring_mask(window: int, start_pos: int, seq_len: int) -> torch.Tensor:
-    """[T, W + T], True = may attend: keys are the ring as it was, then the T new positions."""
+def ring_mask(window: int, slots: int, start_pos: int, seq_len: int) -> torch.Tensor:
+    """[T, R + T], True = may attend: keys are the ring as it was, then the T new positions."""
     new = torch.arange(seq_len) + start_pos
-    keys = torch.cat([ring_positions(window, start_pos), new])
+    keys = torch.cat([ring_positions(slots, start_pos), new])
     delta = new[:, None] - keys[None, :]
     return (keys[None, :] >= 0) & (delta >= 0) & (delta < window)
 
@@ -93,25 +96,28 @@ def ring_write(cache: torch.Tensor, new: torch.Tensor, start_pos: int, seq_dim: 
     """Write the new keys or values (sequence along ``seq_dim`` of both) into the ring in place.
     Every slot is rewritten from a gather, so a prefill longer than the window writes each slot once
     (with its latest position) and the shapes stay static: no duplicate-index scatter."""
-    window, seq_len = cache.shape[seq_dim], new.shape[seq_dim]
-    after = ring_positions(window, start_pos + seq_len)  # what each slot holds once written
+    slots, seq_len = cache.shape[seq_dim], new.shape[seq_dim]
+    after = ring_positions(slots, start_pos + seq_len)  # what each slot holds once written
     fresh = after >= start_pos
     gathered = new.index_select(seq_dim, (after - start_pos).clamp(min=0))
     shape = [1] * cache.dim()
-    shape[seq_dim] = window
+    shape[seq_dim] = slots
     cache.copy_(torch.where(fresh.view(shape), gathered, cache))
 
 
 class RingKVCache(KVCache):
-    """The last ``window`` positions, [B, K, W, D] per tensor; ``update`` returns the ring as it was
-    followed by the new keys and values, [B, K, W + T, D], and then overwrites the ring."""
+    """The last ``window`` positions, [B, K, R, D] per tensor with R = min(W, max_seq_len) slots
+    (a ring that never wraps when the sequence fits the window); ``update`` returns the ring as it
+    was followed by the new keys and values, [B, K, R + T, D], and then overwrites the ring."""
 
-    def __init__(self, n_kv_heads: int, head_dim: int, window: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, n_kv_heads: int, head_dim: int, window: int, max_seq_len: int, dtype: torch.dtype
+    ) -> None:
         self.window = window
-        super().__init__(n_kv_heads, head_dim, window, dtype)
+        super().__init__(n_kv_heads, head_dim, min(window, max_seq_len), dtype)
 
     def resize(self, max_seq_len: int) -> None:
-        """A ring holds its window whatever the sequence length."""
+        self.max_seq_len = min(self.window, max_seq_len)
 
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
@@ -131,7 +137,7 @@ class RingSDPA(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
         """q [B, T, H, D]; k, v [B, K, W + T, D] -> [B, T, H*D]."""
         bsz, seq_len, _, _ = q.shape
-        mask = ring_mask(self.window, start_pos, seq_len)
+        mask = ring_mask(self.window, k.shape[2] - seq_len, start_pos, seq_len)
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True, scale=self.scale
         )

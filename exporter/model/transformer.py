@@ -3,12 +3,13 @@
 One definition for every family ``families/`` reads (Llama 2/3.x, SmolLM2/3, Qwen2/2.5/3, Gemma 3,
 Mistral, Granite, OLMo 2): the features they differ by are named fields of ``ModelArgs`` (per-layer
 sliding window and RoPE base, norm placement, q/k norm scope, activation, multipliers, soft-cap).
-Sliding-window layers keep a ring of the window, not a cache of ``max_seq_len``. The calling
-convention is the one ExecuTorch's LLM runner uses: ``forward(tokens: int64[1, T],
-input_pos: int64[1]) -> logits``, where ``input_pos`` holds the position of ``tokens[:, 0]`` and the cache lives inside the module as buffers.
+Sliding-window layers keep a ring of the window, not a cache of ``max_seq_len``. The calling convention
+is the one ExecuTorch's LLM runner uses: ``forward(tokens: int64[1, T], input_pos: int64[1]) ->
+logits``, where ``input_pos`` holds the position of ``tokens[:, 0]`` and the cache lives inside the
+module as buffers.
 
-Shapes in comments: B batch (1), T new tokens, S max sequence length, H query heads, K kv heads,
-D head dim, E model dim, V vocabulary.
+Shapes in comments: B batch (1), T new tokens, S max sequence length, H query heads, K kv heads, D head
+dim, E model dim, V vocabulary.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "SDPA",
     "Attention",
     "FeedForward",
+    "GeluTanh",
     "KVCache",
     "LinearRopeScaling",
     "ModelArgs",
@@ -126,7 +128,7 @@ class Attention(nn.Module):
         self.kv_cache: KVCache
         self.sdpa: nn.Module
         if self.window:
-            self.kv_cache = RingKVCache(args.n_kv_heads, args.head_dim, self.window, cache_dtype)
+            self.kv_cache = RingKVCache(args.n_kv_heads, args.head_dim, self.window, max_seq_len, cache_dtype)
             self.sdpa = RingSDPA(self.window, args.attention_scale)
         else:
             self.kv_cache = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
@@ -155,18 +157,24 @@ class Attention(nn.Module):
         return self.wo(self.sdpa(q, k_all, v_all, start_pos))
 
 
+class GeluTanh(nn.Module):
+    """GELU, tanh approximation (Gemma's ``gelu_pytorch_tanh``). A module so a target can swap in
+    another form of the same function (``transforms.py``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
+
+
 class FeedForward(nn.Module):
     def __init__(self, dim: int, hidden_dim: int, activation: str = "silu") -> None:
         super().__init__()
-        self.activation = activation
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
+        self.act: nn.Module = nn.SiLU() if activation == "silu" else GeluTanh()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.w1(x)
-        gate = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
-        return self.w2(gate * self.w3(x))
+        return self.w2(self.act(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):

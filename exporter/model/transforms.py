@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..recipe import Recipe
 from .cache import ring_mask, ring_write
-from .transformer import Attention, KVCache, RingKVCache, RMSNorm, RotateHalf, Transformer
+from .transformer import Attention, GeluTanh, KVCache, RingKVCache, RMSNorm, RotateHalf, Transformer
 
 
 def load_custom_ops() -> None:
@@ -49,10 +51,10 @@ class CustomRingKVCache(RingKVCache):
     """``RingKVCache`` in the [B, W, K, D] layout ``llama::custom_sdpa`` reads."""
 
     def cache_shape(self) -> tuple[int, int, int, int]:
-        return (1, self.window, self.n_kv_heads, self.head_dim)
+        return (1, self.max_seq_len, self.n_kv_heads, self.head_dim)
 
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [B, T, K, D] -> the ring as it was, then the new ones [B, W + T, K, D]."""
+        """k, v [B, T, K, D] -> the ring as it was, then the new ones [B, R + T, K, D]."""
         keys, values = torch.cat([self.k_cache, k], dim=1), torch.cat([self.v_cache, v], dim=1)
         ring_write(self.k_cache, k, start_pos, 1)
         ring_write(self.v_cache, v, start_pos, 1)
@@ -68,9 +70,9 @@ class CustomRingSDPA(nn.Module):
         self.window, self.scale = window, scale
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """q [B, T, H, D]; k, v [B, W + T, K, D] -> [B, T, H*D]."""
-        bsz = q.shape[0]
-        allowed = ring_mask(self.window, start_pos, q.shape[1])
+        """q [B, T, H, D]; k, v [B, R + T, K, D] -> [B, T, H*D]."""
+        bsz, seq_len = q.shape[0], q.shape[1]
+        allowed = ring_mask(self.window, k.shape[1] - seq_len, start_pos, seq_len)
         mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
         y = torch.ops.llama.custom_sdpa(q, k, v, 0, mask, 0.0, False, self.scale)
         return y.reshape(bsz, -1, q.shape[2] * q.shape[3])
@@ -83,7 +85,9 @@ def replace_sdpa_with_custom_sdpa(model: Transformer) -> Transformer:
             continue
         old, scale = module.kv_cache, module.scale
         if type(old) is RingKVCache:
-            module.kv_cache = CustomRingKVCache(old.n_kv_heads, old.head_dim, old.window, old.dtype)
+            module.kv_cache = CustomRingKVCache(
+                old.n_kv_heads, old.head_dim, old.window, old.max_seq_len, old.dtype
+            )
             module.sdpa = CustomRingSDPA(old.window, scale)
         else:
             assert type(old) is KVCache, "custom SDPA replaces the default caches only"
@@ -144,6 +148,26 @@ def replace_rotate_half_with_matmul(model: Transformer) -> Transformer:
     return model
 
 
+class SigmoidGeluTanh(nn.Module):
+    """GELU's tanh approximation as x * sigmoid(2z), the same function (0.5 * (1 + tanh(z)) is
+    sigmoid(2z)). ExecuTorch 1.5.1's XNNPACK lowering maps ``gelu(approximate="tanh")`` to XNNPACK's
+    erf GELU, up to 4.7e-4 away per activation; this form lowers to ops it delegates as written."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+
+
+_TWO_SQRT_2_OVER_PI = 2 * math.sqrt(2 / math.pi)
+
+
+def replace_gelu_tanh_with_sigmoid_form(model: nn.Module) -> nn.Module:
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is GeluTanh:
+                setattr(parent, name, SigmoidGeluTanh())
+    return model
+
+
 class LastTokenLogits(nn.Module):
     """What is exported: logits of the last new token only, [B, V], as ExecuTorch's LLM runner
     expects by default; the output projection then runs on one row, not on the whole prompt."""
@@ -163,5 +187,6 @@ def for_export(recipe: Recipe, model: Transformer) -> LastTokenLogits:
         replace_sdpa_with_custom_sdpa(model)
     if recipe.backend == "xnnpack":
         replace_rms_norm_with_delegable(model)
+        replace_gelu_tanh_with_sigmoid_form(model)
         replace_rotate_half_with_matmul(model)
     return LastTokenLogits(model).eval()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from exporter.model.transformer import RMSNorm, RotateHalf, Transformer
+from exporter.model.transformer import FeedForward, GeluTanh, RMSNorm, RotateHalf, Transformer
 from exporter.model.transforms import (
     DelegableRMSNorm,
     LastTokenLogits,
     RotateHalfMatmul,
+    SigmoidGeluTanh,
+    replace_gelu_tanh_with_sigmoid_form,
     replace_rms_norm_with_delegable,
     replace_rotate_half_with_matmul,
     replace_sdpa_with_custom_sdpa,
@@ -61,3 +63,18 @@ def test_rotate_half_matmul_model_matches() -> None:
     model = replace_rotate_half_with_matmul(seeded_model())
     assert all(type(m.attention.rotate_half) is RotateHalfMatmul for m in model.layers)
     torch.testing.assert_close(_prefill_then_decode(model, tokens), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_sigmoid_form_is_gelu_tanh() -> None:
+    """x * sigmoid(2z) is 0.5 * x * (1 + tanh(z)): the same function, not a nearby one."""
+    x = torch.linspace(-12, 12, 20001, dtype=torch.float64)
+    expected = torch.nn.functional.gelu(x, approximate="tanh")
+    assert (SigmoidGeluTanh()(x) - expected).abs().max().item() < 1e-12
+
+
+def test_gelu_tanh_swapped_and_silu_left() -> None:
+    gelu, silu = FeedForward(8, 16, "gelu_tanh"), FeedForward(8, 16, "silu")
+    assert type(gelu.act) is GeluTanh
+    replace_gelu_tanh_with_sigmoid_form(gelu)
+    replace_gelu_tanh_with_sigmoid_form(silu)
+    assert type(gelu.act) is SigmoidGeluTanh and type(silu.act) is torch.nn.SiLU

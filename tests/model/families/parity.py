@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ def stepwise(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
     cuts = [0, 12, 20, *range(21, tokens.shape[1] + 1)]
     with torch.no_grad():
         model.reset_cache()
-        parts = [model(tokens[:, a:b], torch.tensor([a])) for a, b in zip(cuts, cuts[1:], strict=False)]
+        parts = [model(tokens[:, a:b], torch.tensor([a])) for a, b in itertools.pairwise(cuts)]
     return torch.cat(parts, 1)
 
 

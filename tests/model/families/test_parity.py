@@ -38,6 +38,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "final_logit_softcapping": 5.0,
     },
     "mistral": {"family": "mistral", "sliding_window": W},
+    # a window longer than the cache (64): a ring of max_seq_len slots that never wraps
+    "mistral-long-window": {"family": "mistral", "sliding_window": 100},
     "granite": {
         "family": "granite",
         "embedding_multiplier": 12.0,
@@ -81,6 +83,7 @@ def test_features_the_twists_turn_on(family_checkpoint: Callable[[str], Path]) -
     assert args["gemma3"].norm_placement == "sandwich" and args["gemma3"].final_logit_softcap == 5.0
     assert args["qwen2-sliding"].layer_windows == (0, W)
     assert args["mistral"].layer_windows == (W, W)
+    assert args["mistral-long-window"].layer_windows == (100, 100)
     assert args["granite"].residual_multiplier == 0.22 and args["granite"].logit_scale == 1 / 8
     assert args["olmo2"].norm_placement == "post" and args["olmo2"].qk_norm == "proj"
     assert args["smollm3"].nope_layers == (1, 3)
