@@ -81,6 +81,59 @@ SMOLLM2_TEMPLATE = (
 )
 
 
+# Gemma 3's (instruction-tuned releases; the 270M base model ships none): no system role (its text is
+# prefixed to the first user turn), "model" for the assistant, contents trimmed.
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\\n'}}
+{%- endif -%}
+"""
+# Phi-3 / Phi-3.5-mini's.
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
 @dataclass(frozen=True)
 class Style:
     """A checkpoint's tokenizer files; token strings in ``config``/``generation`` become their ids."""
@@ -148,6 +201,24 @@ STYLES = {
         template=SMOLLM2_TEMPLATE,
         expected={"bos_id": 1, "eos_ids": (2,), "add_bos": False},
     ),
+    "gemma3": Style(
+        specials=["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"],
+        prepend="<bos>",
+        named={"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
+        config={"bos_token_id": "<bos>", "eos_token_id": "<eos>"},
+        generation={"bos_token_id": "<bos>", "eos_token_id": ["<eos>", "<end_of_turn>"], "top_k": 64},
+        template=GEMMA3_TEMPLATE,
+        expected={"bos_id": 2, "eos_ids": (1, 4), "add_bos": True},
+    ),
+    "phi3": Style(
+        specials=["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+        prepend="<s>",
+        named={"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+        config={"bos_token_id": "<s>", "eos_token_id": "</s>"},
+        generation={"bos_token_id": "<s>", "eos_token_id": ["</s>", "<|end|>"]},
+        template=PHI3_TEMPLATE,
+        expected={"bos_id": 1, "eos_ids": (2, 6), "add_bos": True},
+    ),
 }
 
 
@@ -191,7 +262,7 @@ def write_style(folder: Path, style: Style) -> Path:
     def ids(value: Any) -> Any:
         if isinstance(value, list):
             return [ids(v) for v in value]
-        return tok.token_to_id(value) if isinstance(value, str) and value.startswith("<|") else value
+        return tok.token_to_id(value) if isinstance(value, str) and value in style.specials else value
 
     config = {"model_type": "llama", **{k: ids(v) for k, v in style.config.items()}}
     (folder / "config.json").write_text(json.dumps(config))
