@@ -56,6 +56,7 @@ def write_hf_checkpoint(
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }
     config_cls, model_cls = classes[family]
     torch.manual_seed(seed)

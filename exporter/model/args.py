@@ -32,6 +32,18 @@ class LinearRopeScaling:
 
 
 @dataclass(frozen=True)
+class LongRopeScaling:
+    """Phi-3's LongRoPE: per-frequency divisors, the short ones up to the pretraining length and the
+    long ones beyond it (chosen by the cache length: transformers switches once a sequence outgrows
+    ``original_max_position_embeddings``), and cos/sin scaled by ``attention_factor``."""
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    attention_factor: float
+
+
+@dataclass(frozen=True)
 class ModelArgs:
     """Architecture only: nothing here says how or where the model is exported."""
 
@@ -44,7 +56,9 @@ class ModelArgs:
     vocab_size: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | LinearRopeScaling | None = None
+    rope_scaling: RopeScaling | LinearRopeScaling | LongRopeScaling | None = None
+    # RoPE on the first rotary_dim of each head only (Phi-4-mini: 3/4); 0: the whole head.
+    rotary_dim: int = 0
     attention_bias: bool = False
     qk_norm: str = ""
     tie_word_embeddings: bool = False
@@ -52,7 +66,8 @@ class ModelArgs:
     # Per layer: 0 attends to every earlier position, W > 0 to the last W (itself included).
     # Empty: every layer global.
     layer_windows: tuple[int, ...] = ()
-    # RoPE base of the sliding-window layers (Gemma 3: 10k locally, 1M globally); None: rope_theta.
+    # RoPE base of the sliding-window layers, unscaled (Gemma 3: 10k locally, 1M globally); None:
+    # the same RoPE as the global layers.
     local_rope_theta: float | None = None
     # Layers that apply no rotary embedding at all (SmolLM3's every fourth).
     nope_layers: tuple[int, ...] = ()
@@ -78,8 +93,17 @@ class ModelArgs:
             raise ValueError(f"{len(self.layer_windows)} layer windows for {self.n_layers} layers")
         if any(w < 0 for w in self.layer_windows):
             raise ValueError(f"negative attention window in {self.layer_windows}")
+        if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise ValueError(
+                f"rotary_dim={self.rotary_dim} must be even and at most head_dim={self.head_dim}"
+            )
         if any(not 0 <= i < self.n_layers for i in self.nope_layers):
             raise ValueError(f"no-RoPE layer index out of range in {self.nope_layers}")
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates."""
+        return self.rotary_dim or self.head_dim
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s attention window, 0 for global attention."""

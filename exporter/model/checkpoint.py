@@ -177,12 +177,12 @@ class TensorSource:
         if ckpt.args.tie_word_embeddings:
             expected.pop("output.weight", None)
         self._family = ckpt.family
-        self._where: dict[str, tuple[Path, str]] = {}
+        self._where: dict[str, Location] = {}
         for file in ckpt.weight_files:
-            self._where.update(_index_file(file, expected, ckpt.family.layer_keys))
+            self._where.update(_index_file(file, expected, ckpt.family))
         missing = sorted(set(expected) - set(self._where))
         if missing:
-            names = ", ".join(_ours_to_hf(m, ckpt.family.layer_keys) for m in missing[:3])
+            names = ", ".join(_ours_to_hf(m, ckpt.family) for m in missing[:3])
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise CheckpointError(ckpt.weight_files[0], f"missing tensor {names}{more}")
         if ckpt.args.tie_word_embeddings:
@@ -204,7 +204,11 @@ class TensorSource:
             try:
                 with safe_open(str(file), framework="pt") as f:
                     for name in ours:
-                        out[name] = self._as_ours(name, f.get_tensor(self._where[name][1]), dtype)
+                        _, stored, rows = self._where[name]
+                        tensor = (
+                            f.get_tensor(stored) if rows is None else f.get_slice(stored)[rows[0] : rows[1]]
+                        )
+                        out[name] = self._as_ours(name, tensor, dtype)
             except (SafetensorError, OSError, RuntimeError) as e:
                 raise CheckpointError(file, f"cannot read safetensors, truncated or corrupt? ({e})") from e
         return out
@@ -217,14 +221,39 @@ class TensorSource:
         return tensor if dtype is None else tensor.to(dtype)
 
 
-def _index_file(
-    file: Path, expected: dict[str, torch.Size], layer_keys: Mapping[str, str]
-) -> dict[str, tuple[Path, str]]:
-    out: dict[str, tuple[Path, str]] = {}
+# Where one of our tensors lies: file, stored name, and the rows it takes of a fused tensor.
+Location = tuple[Path, str, tuple[int, int] | None]
+
+
+def _split_fused(
+    file: Path, name: str, shape: list[int], expected: dict[str, torch.Size], family: Family
+) -> dict[str, Location] | None:
+    """A fused tensor (Phi-3's qkv_proj, gate_up_proj) as row ranges of our tensors, or None."""
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    if m is None or m.group(2) not in family.fused:
+        return None
+    layer, module, kind = m.groups()
+    parts = [f"layers.{layer}.{ours}.{kind}" for ours in family.fused[module]]
+    if any(p not in expected for p in parts):
+        raise CheckpointError(file, f"unexpected tensor {name!r} for this architecture")
+    rows = [expected[p][0] for p in parts]
+    fused_shape = [sum(rows), *expected[parts[0]][1:]]
+    if shape != fused_shape:
+        raise CheckpointError(file, f"tensor {name!r} has shape {shape}, config.json implies {fused_shape}")
+    starts = [sum(rows[:i]) for i in range(len(rows))]
+    return {p: (file, name, (a, a + n)) for p, a, n in zip(parts, starts, rows, strict=True)}
+
+
+def _index_file(file: Path, expected: dict[str, torch.Size], family: Family) -> dict[str, Location]:
+    out: dict[str, Location] = {}
     try:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                ours = hf_to_ours(name, layer_keys)
+                split = _split_fused(file, name, list(f.get_slice(name).get_shape()), expected, family)
+                if split is not None:
+                    out.update(split)
+                    continue
+                ours = hf_to_ours(name, family.layer_keys)
                 if ours is None or ours not in expected:
                     if _IGNORED.fullmatch(name) or (ours == "output.weight" and ours not in expected):
                         continue
@@ -235,19 +264,20 @@ def _index_file(
                         file,
                         f"tensor {name!r} has shape {shape}, config.json implies {list(expected[ours])}",
                     )
-                out[ours] = (file, name)
+                out[ours] = (file, name, None)
     except (SafetensorError, OSError, RuntimeError) as e:
         raise CheckpointError(file, f"cannot read safetensors file, truncated or corrupt? ({e})") from e
     return out
 
 
-def _ours_to_hf(name: str, layer_keys: Mapping[str, str]) -> str:
+def _ours_to_hf(name: str, family: Family) -> str:
     for hf in TOP_KEYS.items():
         if name.startswith(hf[1] + "."):
             return hf[0] + name[len(hf[1]) :]
     m = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
     if m:
-        inverse = {v: k for k, v in layer_keys.items()}
+        inverse = {v: k for k, v in family.layer_keys.items()}
+        inverse.update({ours: hf for hf, parts in family.fused.items() for ours in parts})
         return f"model.layers.{m.group(1)}.{inverse[m.group(2)]}.{m.group(3)}"
     return name
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # Plain architecture values live torch-free (recipes and the build plan need them); re-exported here.
-from .args import LinearRopeScaling, ModelArgs, RopeScaling
+from .args import LinearRopeScaling, LongRopeScaling, ModelArgs, RopeScaling
 from .cache import SDPA, KVCache, RingKVCache, RingSDPA
 
 __all__ = [
@@ -59,17 +59,28 @@ def precompute_rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [S, D] in the "rotate half" layout that Hugging Face checkpoints use.
     ``local``: the sliding-window layers' tables (their own base, never scaled), where they differ."""
-    d = args.head_dim
+    d = args.rope_dim
     theta = args.local_rope_theta if local and args.local_rope_theta is not None else args.rope_theta
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    if isinstance(args.rope_scaling, RopeScaling) and not local:
-        inv_freq = _scale_llama3(inv_freq, args.rope_scaling)
-    elif isinstance(args.rope_scaling, LinearRopeScaling) and not local:
-        inv_freq = inv_freq / args.rope_scaling.factor
+    gain = 1.0
+    s = None if local else args.rope_scaling
+    if isinstance(s, RopeScaling):
+        inv_freq = _scale_llama3(inv_freq, s)
+    elif isinstance(s, LinearRopeScaling):
+        inv_freq = inv_freq / s.factor
+    elif isinstance(s, LongRopeScaling):
+        long = max_seq_len > s.original_max_position_embeddings
+        inv_freq = inv_freq / torch.tensor(s.long_factor if long else s.short_factor, dtype=torch.float64)
+        gain = s.attention_factor
     t = torch.arange(max_seq_len, dtype=torch.float64)
-    freqs = torch.outer(t, inv_freq)  # [S, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
-    return emb.cos().float(), emb.sin().float()
+    freqs = torch.outer(t, inv_freq)  # [S, R/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [S, R]
+    cos, sin = emb.cos() * gain, emb.sin() * gain
+    if d < args.head_dim:  # partial rotary: the other dims pass through (cos 1, sin 0)
+        rest = args.head_dim - d
+        cos = torch.cat([cos, torch.ones(max_seq_len, rest, dtype=cos.dtype)], -1)
+        sin = torch.cat([sin, torch.zeros(max_seq_len, rest, dtype=sin.dtype)], -1)
+    return cos.float(), sin.float()
 
 
 def _scale_llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -87,12 +98,19 @@ def _scale_llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 
 class RotateHalf(nn.Module):
-    """RoPE's partner term in the rotate-half layout: [x1, x2] -> [-x2, x1] along the head dim. A module,
+    """RoPE's partner term in the rotate-half layout: [x1, x2] -> [-x2, x1] over the first
+    ``rotary_dim`` dims of the head (the rest pass unchanged, multiplied by a zero sine). A module,
     not a function, so a target can swap in another form of the same map (``transforms.py``)."""
 
+    def __init__(self, rotary_dim: int = 0) -> None:
+        super().__init__()
+        self.rotary_dim = rotary_dim
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        r = self.rotary_dim or x.shape[-1]
+        half = r // 2
+        parts = [-x[..., half:r], x[..., :half]]
+        return torch.cat(parts if r == x.shape[-1] else [*parts, x[..., r:]], dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -133,7 +151,8 @@ class Attention(nn.Module):
         else:
             self.kv_cache = KVCache(args.n_kv_heads, args.head_dim, max_seq_len, cache_dtype)
             self.sdpa = SDPA(args.attention_scale)
-        self.rotate_half: nn.Module = RotateHalf()
+        self.rotary_dim = args.rope_dim
+        self.rotate_half: nn.Module = RotateHalf(args.rope_dim)
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [B, T, H, D]; cos, sin [1, T, 1, D]."""
@@ -220,11 +239,10 @@ class Transformer(nn.Module):
         )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        # Own tables for the sliding-window layers only where their RoPE differs (never aliased
-        # buffers: export would have to de-duplicate them).
-        self.local_rope = bool(args.layer_windows) and (
-            args.local_rope_theta not in (None, args.rope_theta) or args.rope_scaling is not None
-        )
+        # Own tables for the sliding-window layers only where their RoPE differs (Gemma 3's: a base of
+        # their own, never scaled); Mistral's and Phi-3's windowed layers share the global tables, read
+        # twice rather than registered twice (export would have to de-duplicate aliased buffers).
+        self.local_rope = bool(args.layer_windows) and args.local_rope_theta is not None
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.init_buffers()

@@ -127,9 +127,10 @@ class RotateHalfMatmul(nn.Module):
 
     rotation: torch.Tensor
 
-    def __init__(self, head_dim: int, dtype: torch.dtype) -> None:
+    def __init__(self, head_dim: int, dtype: torch.dtype, rotary_dim: int = 0) -> None:
         super().__init__()
-        half = head_dim // 2
+        half = (rotary_dim or head_dim) // 2
+        # dims past rotary_dim map to 0: RoPE multiplies them by a zero sine
         w = torch.zeros(head_dim, head_dim, dtype=dtype)  # F.linear weight [out, in] = R^T
         w[torch.arange(half), torch.arange(half) + half] = -1.0
         w[torch.arange(half) + half, torch.arange(half)] = 1.0
@@ -144,7 +145,7 @@ def replace_rotate_half_with_matmul(model: Transformer) -> Transformer:
     records only the dtype the cache was built with)."""
     for module in model.modules():
         if isinstance(module, Attention) and type(module.rotate_half) is RotateHalf:
-            module.rotate_half = RotateHalfMatmul(module.head_dim, model.rope_cos.dtype)
+            module.rotate_half = RotateHalfMatmul(module.head_dim, model.rope_cos.dtype, module.rotary_dim)
     return model
 
 

@@ -116,6 +116,8 @@ class Family:
     layer_keys: Mapping[str, str] = field(default_factory=lambda: LLAMA_LAYER_KEYS)
     # Gemma stores RMSNorm weights as w and multiplies by (1 + w): folded in at load, in fp32.
     norm_offset: float = 0.0
+    # A stored module holding several of ours stacked by rows (Phi-3's qkv_proj), in row order.
+    fused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def is_norm(self, ours: str) -> bool:
         return bool(_NORM_WEIGHT.fullmatch(ours))
@@ -175,8 +177,9 @@ def layer_windows(reader: ConfigReader, n_layers: int) -> tuple[int, ...]:
     return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
-def decoder_fields(reader: ConfigReader) -> dict[str, Any]:
-    """The ``ModelArgs`` fields every family spells the same way."""
+def decoder_fields(reader: ConfigReader, rope_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``ModelArgs`` fields every family spells the same way (``rope_params``: the global
+    layers' RoPE parameters where the family reads them itself)."""
     reader.expect("mlp_bias", False)
     dim = reader.positive("hidden_size", int)
     n_heads = reader.positive("num_attention_heads", int)
@@ -185,7 +188,9 @@ def decoder_fields(reader: ConfigReader) -> dict[str, Any]:
     elif (head_dim := dim // n_heads) == 0:
         raise reader.fail(f"hidden_size {dim} is smaller than num_attention_heads {n_heads}")
     n_layers = reader.positive("num_hidden_layers", int)
-    theta, scaling = rope(reader, rope_parameters(reader)["full_attention"])
+    theta, scaling = rope(
+        reader, rope_parameters(reader)["full_attention"] if rope_params is None else rope_params
+    )
     return {
         "dim": dim,
         "n_layers": n_layers,

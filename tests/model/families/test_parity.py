@@ -48,6 +48,23 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "logits_scaling": 8.0,
     },
     "olmo2": {"family": "olmo2"},
+    # Phi-4-mini's shape of twist: 3/4 partial rotary, LongRoPE, tied embeddings; windowed like Phi-3
+    "phi3": {
+        "family": "phi3",
+        "partial_rotary_factor": 0.75,
+        "rope_parameters": {
+            "rope_type": "longrope",
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.1 * i for i in range(6)],
+            "long_factor": [2.0 + 0.5 * i for i in range(6)],
+        },
+        "original_max_position_embeddings": 256,
+        "max_position_embeddings": 1024,
+        "sliding_window": W,
+        "tie_word_embeddings": True,
+        "pad_token_id": 2,
+    },
     "smollm3": {"family": "smollm3", "num_hidden_layers": 4, "no_rope_layer_interval": 2, "pad_token_id": 2},
 }
 
@@ -87,3 +104,5 @@ def test_features_the_twists_turn_on(family_checkpoint: Callable[[str], Path]) -
     assert args["granite"].residual_multiplier == 0.22 and args["granite"].logit_scale == 1 / 8
     assert args["olmo2"].norm_placement == "post" and args["olmo2"].qk_norm == "proj"
     assert args["smollm3"].nope_layers == (1, 3)
+    assert args["phi3"].rotary_dim == 12 and args["phi3"].layer_windows == (W, W)
+    assert args["phi3"].rope_scaling is not None
