@@ -171,6 +171,10 @@ class StreamedGptq:
     clip_search: bool = False
     # the output projection's weights: 4 (the recipe's int4 groups) or 8 (int8 per channel)
     head_bits: int = 4
+    # Large vocabularies: the embedding (head) goes 8-bit where its 4-bit version alone costs more
+    # than this many nats per token of KL against fp32, measured on the calibration text. Unset: never.
+    embedding_max_kl: float | None = None
+    head_max_kl: float | None = None
     int8_size_ratio: float = 1.18
     # windows on which each block's output error is measured for the int8 choice
     measure_windows: int = 4
@@ -186,6 +190,10 @@ class StreamedGptq:
         if self.int8_size_ratio < 1:
             raise _Invalid("int8_size_ratio", f"must be >= 1, got {self.int8_size_ratio}")
         _one_of("head_bits", self.head_bits, (4, 8))
+        for key in ("embedding_max_kl", "head_max_kl"):
+            value = getattr(self, key)
+            if value is not None and not (0 <= value < math.inf):
+                raise _Invalid(key, f"must be a finite number >= 0, got {value!r}")
         if not 0 < self.measure_windows <= self.windows:
             raise _Invalid("measure_windows", f"must be in [1, windows], got {self.measure_windows}")
         _one_of("text", self.text, TRAINING_TEXTS)

@@ -22,12 +22,14 @@ logits: the memory grows with the widest block, not with depth.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import RecipeError
@@ -201,6 +203,77 @@ def solve_head(
     return to_torchao(Quantized(codes, scales, parts[0].group_size), q, dtype)
 
 
+def mean_kl(
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    candidate: Callable[[torch.Tensor], torch.Tensor],
+    reference_inputs: Sequence[torch.Tensor],
+    candidate_inputs: Sequence[torch.Tensor],
+    rows: int = 64,
+) -> float:
+    """Mean KL(reference || candidate) per token over the windows' positions, ``rows`` positions at
+    a time (a 262k-vocabulary's log-softmax is 1 MB per position)."""
+    total, count = 0.0, 0
+    for x, y in zip(reference_inputs, candidate_inputs, strict=True):
+        x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+        for a in range(0, x.shape[0], rows):
+            p = torch.log_softmax(reference(x[a : a + rows]).float(), -1)
+            q = torch.log_softmax(candidate(y[a : a + rows]).float(), -1)
+            total += float((p.exp() * (p - q)).sum())
+            count += p.shape[0]
+    return total / count
+
+
+def _quantized_logits(model: Transformer, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def logits(x: torch.Tensor) -> torch.Tensor:
+        return model.finish_logits(F.linear(x.to(weight.dtype), weight))
+
+    return logits
+
+
+def _over(kl: float, budget: float | None, bits: int) -> bool:
+    """A 4-bit tensor whose measured cost is over the recipe's budget goes 8-bit."""
+    return budget is not None and bits == 4 and kl > budget
+
+
+def vocabulary_precision(
+    model: Transformer,
+    source: TensorSource,
+    recipe: Recipe,
+    head: torch.Tensor,
+    hessian: torch.Tensor,
+    embedded: tuple[list[torch.Tensor], list[torch.Tensor]],
+    hidden: list[torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The solved head, and embedding and head at 4 or 8 bits by their measured cost: ``embedded``
+    is the final hidden states of the probe windows from fp32 and from quantized embedding rows
+    (through fp32 blocks), ``hidden`` the quantized model's on the calibration windows."""
+    quant, settings = recipe.quantization, recipe.quantization.gptq
+    assert settings is not None and quant.linear is not None
+    dtype = DTYPES[recipe.export.dtype]
+
+    def fp32_logits(x: torch.Tensor) -> torch.Tensor:
+        return model.finish_logits(head_logits(x, head))
+
+    record: dict[str, Any] = {"embedding_kl": mean_kl(fp32_logits, fp32_logits, *embedded)}
+    record["embedding_bits"] = None if quant.embedding is None else quant.embedding.bits
+    if quant.embedding is not None and _over(
+        record["embedding_kl"], settings.embedding_max_kl, quant.embedding.bits
+    ):
+        fill(model.tok_embeddings, source, "tok_embeddings.", None)
+        quantize_embedding(model.tok_embeddings, dataclasses.replace(quant.embedding, bits=8), dtype)
+        record["embedding_bits"] = 8
+    probe = hidden[: settings.measure_windows]
+    grid = INT8 if settings.head_bits == 8 else quant.linear
+    solved = solve_head(head, hessian, grid, settings, dtype)
+    record["head_bits"] = settings.head_bits
+    record["head_kl"] = mean_kl(fp32_logits, _quantized_logits(model, solved), probe, probe)
+    if _over(record["head_kl"], settings.head_max_kl, settings.head_bits):
+        solved = solve_head(head, hessian, INT8, settings, dtype)
+        record["head_bits"] = 8
+        record["head_kl_int8"] = mean_kl(fp32_logits, _quantized_logits(model, solved), probe, probe)
+    return solved, {k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()}
+
+
 def gptq_module(
     ckpt: Checkpoint, recipe: Recipe, gate_ids: Sequence[int], calibration: Sequence[int]
 ) -> tuple[LastTokenLogits, Reference, dict[str, Any]]:
@@ -222,7 +295,12 @@ def gptq_module(
         fill(model.tok_embeddings, source, "tok_embeddings.", None)
         h = model.scale_embedding(model.tok_embeddings(gate).float())
         xs = [model.scale_embedding(model.tok_embeddings(torch.tensor([w])).float()) for w in windows]
+        # The embedding's own cost: a few windows through the fp32 blocks from fp32 rows and from
+        # quantized rows (the largest tensor of a large-vocabulary model; measured, not assumed).
+        probe = [torch.tensor([w]) for w in windows[: settings.measure_windows]]
+        from_fp32 = [model.scale_embedding(model.tok_embeddings(p).float()) for p in probe]
         quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
+        from_quantized = [model.scale_embedding(model.tok_embeddings(p).float()) for p in probe]
         gate_rope = model.rope_window(0, gate.shape[1])
         rope = model.rope_window(0, settings.window_tokens)
         with progress("gptq", total=len(model.layers), unit="block") as tick:
@@ -230,24 +308,30 @@ def gptq_module(
                 assert isinstance(layer, TransformerBlock)
                 fill(layer, source, f"layers.{i}.")
                 h = layer(h, gate_rope, 0)
+                from_fp32 = [layer(e, rope, 0) for e in from_fp32]
+                from_quantized = [layer(e, rope, 0) for e in from_quantized]
                 xs, record = tune_block(layer, xs, rope, settings, base, dtype)
                 blocks.append(record)
                 tick()
         fill(model.norm, source, "norm.")
         h = model.norm(h)
         xs = [model.norm(x) for x in xs]
+        from_fp32, from_quantized = (
+            [model.norm(e) for e in from_fp32],
+            [model.norm(e) for e in from_quantized],
+        )
         model.norm.to(dtype)
         fill(model.output, source, "output.", None)
         head = model.output.weight
         logits = model.finish_logits(head_logits(h, head))[0, :-1]
+
         hessian = sum(
             (x.reshape(-1, x.shape[-1]).T @ x.reshape(-1, x.shape[-1]) for x in xs),
             torch.zeros(head.shape[1], head.shape[1]),
         )
-        model.output.weight = nn.Parameter(
-            solve_head(head, hessian, INT8 if settings.head_bits == 8 else base, settings, dtype),
-            requires_grad=False,
-        )
+        embedded = (from_fp32, from_quantized)
+        solved, vocab = vocabulary_precision(model, source, recipe, head, hessian, embedded, xs)
+        model.output.weight = nn.Parameter(solved, requires_grad=False)
     model.resize_cache(recipe.export.max_seq_len)
     model.cast_rope(dtype)
     seconds = time.perf_counter() - start
@@ -258,8 +342,9 @@ def gptq_module(
         "damp": settings.damp,
         "act_order": settings.act_order,
         "clip_search": settings.clip_search,
-        "head_bits": settings.head_bits,
         "int8_size_ratio": settings.int8_size_ratio,
+        # each measured alone against fp32 on the first measure_windows calibration windows, nats/token
+        "vocabulary": vocab,
         "threads": settings.threads,
         "int8_linears": sum(len(b["int8"]) for b in blocks),
         "blocks": [
