@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +187,8 @@ def tune_block(
 
 
 def solve_head(
-    head: torch.Tensor, hessian: torch.Tensor, q: LinearQuant, settings: StreamedGptq, dtype: torch.dtype
-) -> torch.Tensor:
+    head: torch.Tensor, hessian: torch.Tensor, q: LinearQuant, settings: StreamedGptq
+) -> Quantized:
     """The head (as stored, e.g. bf16) solved ``HEAD_ROWS`` rows at a time (rows are independent
     given the Hessian; the block is the one its fp32 logits are cast in)."""
     prepared = prepare(hessian, settings.damp, settings.act_order)
@@ -200,34 +200,43 @@ def solve_head(
         for r in rows
     ]
     codes, scales = torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts])
-    return to_torchao(Quantized(codes, scales, parts[0].group_size), q, dtype)
+    return Quantized(codes, scales, parts[0].group_size)
+
+
+LogitBlocks = Callable[[torch.Tensor], Iterator[torch.Tensor]]
+
+
+def head_blocks(
+    rows: Callable[[int, int], torch.Tensor], vocab: int, finish: Callable[[torch.Tensor], torch.Tensor]
+) -> LogitBlocks:
+    """Logits of hidden states [N, E] a block of ``HEAD_ROWS`` vocabulary entries at a time, from
+    ``rows(start, stop)``, the head's fp32 rows: no [N, V] tensor and no fp32 copy of the head."""
+
+    def blocks(x: torch.Tensor) -> Iterator[torch.Tensor]:
+        for r in range(0, vocab, HEAD_ROWS):
+            yield finish(F.linear(x, rows(r, min(r + HEAD_ROWS, vocab))))
+
+    return blocks
 
 
 def mean_kl(
-    reference: Callable[[torch.Tensor], torch.Tensor],
-    candidate: Callable[[torch.Tensor], torch.Tensor],
+    reference: LogitBlocks,
+    candidate: LogitBlocks,
     reference_inputs: Sequence[torch.Tensor],
     candidate_inputs: Sequence[torch.Tensor],
-    rows: int = 64,
 ) -> float:
-    """Mean KL(reference || candidate) per token over the windows' positions, ``rows`` positions at
-    a time (a 262k-vocabulary's log-softmax is 1 MB per position)."""
+    """Mean KL(reference || candidate) per position over the windows, the softmax normalisers
+    gathered over vocabulary blocks first (a 262k-vocabulary's log-softmax is 1 MB per position)."""
     total, count = 0.0, 0
     for x, y in zip(reference_inputs, candidate_inputs, strict=True):
         x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
-        for a in range(0, x.shape[0], rows):
-            p = torch.log_softmax(reference(x[a : a + rows]).float(), -1)
-            q = torch.log_softmax(candidate(y[a : a + rows]).float(), -1)
+        norm_p = torch.stack([b.logsumexp(-1) for b in reference(x)]).logsumexp(0)[:, None]
+        norm_q = torch.stack([b.logsumexp(-1) for b in candidate(y)]).logsumexp(0)[:, None]
+        for p, q in zip(reference(x), candidate(y), strict=True):
+            p, q = p - norm_p, q - norm_q
             total += float((p.exp() * (p - q)).sum())
-            count += p.shape[0]
+        count += x.shape[0]
     return total / count
-
-
-def _quantized_logits(model: Transformer, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    def logits(x: torch.Tensor) -> torch.Tensor:
-        return model.finish_logits(F.linear(x.to(weight.dtype), weight))
-
-    return logits
 
 
 def _over(kl: float, budget: float | None, bits: int) -> bool:
@@ -251,10 +260,8 @@ def vocabulary_precision(
     assert settings is not None and quant.linear is not None
     dtype = DTYPES[recipe.export.dtype]
 
-    def fp32_logits(x: torch.Tensor) -> torch.Tensor:
-        return model.finish_logits(head_logits(x, head))
-
-    record: dict[str, Any] = {"embedding_kl": mean_kl(fp32_logits, fp32_logits, *embedded)}
+    fp32 = head_blocks(lambda a, b: head[a:b].float(), head.shape[0], model.finish_logits)
+    record: dict[str, Any] = {"embedding_kl": mean_kl(fp32, fp32, *embedded)}
     record["embedding_bits"] = None if quant.embedding is None else quant.embedding.bits
     if quant.embedding is not None and _over(
         record["embedding_kl"], settings.embedding_max_kl, quant.embedding.bits
@@ -264,14 +271,26 @@ def vocabulary_precision(
         record["embedding_bits"] = 8
     probe = hidden[: settings.measure_windows]
     grid = INT8 if settings.head_bits == 8 else quant.linear
-    solved = solve_head(head, hessian, grid, settings, dtype)
+    solved = solve_head(head, hessian, grid, settings)
     record["head_bits"] = settings.head_bits
-    record["head_kl"] = mean_kl(fp32_logits, _quantized_logits(model, solved), probe, probe)
+    record["head_kl"] = mean_kl(fp32, _solved_blocks(model, solved), probe, probe)
     if _over(record["head_kl"], settings.head_max_kl, settings.head_bits):
-        solved = solve_head(head, hessian, INT8, settings, dtype)
+        grid = INT8
+        solved = solve_head(head, hessian, grid, settings)
         record["head_bits"] = 8
-        record["head_kl_int8"] = mean_kl(fp32_logits, _quantized_logits(model, solved), probe, probe)
-    return solved, {k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()}
+        record["head_kl_int8"] = mean_kl(fp32, _solved_blocks(model, solved), probe, probe)
+    rounded = {k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()}
+    return to_torchao(solved, grid, dtype), rounded
+
+
+def _solved_blocks(model: Transformer, solved: Quantized) -> LogitBlocks:
+    """The solved head's weight error alone (no activation rounding): its rows dequantized a block
+    at a time."""
+
+    def rows(a: int, b: int) -> torch.Tensor:
+        return Quantized(solved.codes[a:b], solved.scales[a:b], solved.group_size).dequantize()
+
+    return head_blocks(rows, solved.codes.shape[0], model.finish_logits)
 
 
 def gptq_module(

@@ -40,3 +40,26 @@ def test_embedding_and_head_go_8_bit_only_over_their_budget(
     assert (vocab["embedding_bits"], vocab["head_bits"]) == (bits, bits)
     if budget is not None:  # the int8 head is measured too, and costs less than the int4 one
         assert isinstance(vocab["head_kl_int8"], float) and vocab["head_kl_int8"] < vocab["head_kl"]
+
+
+def test_kl_over_vocabulary_blocks_is_the_whole_softmax_kl() -> None:
+    """Three blocks of HEAD_ROWS entries (the last one short) give the KL of the full softmaxes."""
+    import torch
+
+    from exporter.gate.reference import HEAD_ROWS
+    from exporter.quant.sequential import head_blocks, mean_kl
+
+    g = torch.Generator().manual_seed(0)
+    vocab, dim = 2 * HEAD_ROWS + 123, 16
+    a, b = torch.randn(vocab, dim, generator=g), torch.randn(vocab, dim, generator=g)
+    xs = [torch.randn(1, 5, dim, generator=g), torch.randn(1, 3, dim, generator=g)]
+    ys = [x + 0.1 * torch.randn(x.shape, generator=g) for x in xs]
+    blocked = mean_kl(
+        head_blocks(lambda i, j: a[i:j], vocab, lambda t: t),
+        head_blocks(lambda i, j: b[i:j], vocab, lambda t: 2 * t),
+        xs,
+        ys,
+    )
+    p = torch.log_softmax(torch.cat(xs, 1)[0] @ a.T, -1)
+    q = torch.log_softmax(2 * (torch.cat(ys, 1)[0] @ b.T), -1)
+    assert abs(blocked - float((p.exp() * (p - q)).sum(-1).mean())) < 1e-4
