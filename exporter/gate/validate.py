@@ -46,7 +46,7 @@ def model_teacher(model: Transformer) -> Teacher:
         tokens = torch.tensor([list(ids)])
         with torch.no_grad():
             h = model.hidden(tokens, torch.tensor([0]), embedded=embedding_rows(model.tok_embeddings, tokens))
-            logits = blockwise_linear(model.output, h[0]).float()
+            logits = model.finish_logits(blockwise_linear(model.output, h[0])).float()
         model.reset_cache()
         return logits
 

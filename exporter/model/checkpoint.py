@@ -205,8 +205,13 @@ class TensorSource:
                 with safe_open(str(file), framework="pt") as f:
                     for name in ours:
                         _, stored, rows = self._where[name]
+                        # each part of a fused tensor gets storage of its own: as views into one
+                        # buffer, Phi-3's q/k/v and gate/up reached the .pte wrong (0.77 logits off
+                        # eager; tests/build/test_families.py) though eager used them right
                         tensor = (
-                            f.get_tensor(stored) if rows is None else f.get_slice(stored)[rows[0] : rows[1]]
+                            f.get_tensor(stored)
+                            if rows is None
+                            else f.get_slice(stored)[rows[0] : rows[1]].clone()
                         )
                         out[name] = self._as_ours(name, tensor, dtype)
             except (SafetensorError, OSError, RuntimeError) as e:
