@@ -23,6 +23,9 @@ class KVCache(nn.Module):
 
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+    # The sequence dimension of the cache tensors: 2 here ([B, K, S, D]), 1 in the layout
+    # ExecuTorch's custom ops read ([B, S, K, D]); the shape and the ring update follow from it.
+    seq_dim = 2
 
     def __init__(self, n_kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -35,7 +38,13 @@ class KVCache(nn.Module):
         self.init_buffers()
 
     def cache_shape(self) -> tuple[int, int, int, int]:
+        if self.seq_dim == 1:
+            return (1, self.max_seq_len, self.n_kv_heads, self.head_dim)
         return (1, self.n_kv_heads, self.max_seq_len, self.head_dim)
+
+    def in_layout(self, x: torch.Tensor) -> torch.Tensor:
+        """New keys or values [B, T, K, D] in the cache's layout."""
+        return x if self.seq_dim == 1 else x.transpose(1, 2)
 
     def init_buffers(self) -> None:
         shape = self.cache_shape()
@@ -49,8 +58,8 @@ class KVCache(nn.Module):
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, T, K, D] -> whole caches [B, K, S, D]."""
         seq_len = k.shape[1]
-        self.k_cache.narrow(2, start_pos, seq_len).copy_(k.transpose(1, 2))
-        self.v_cache.narrow(2, start_pos, seq_len).copy_(v.transpose(1, 2))
+        self.k_cache.narrow(self.seq_dim, start_pos, seq_len).copy_(self.in_layout(k))
+        self.v_cache.narrow(self.seq_dim, start_pos, seq_len).copy_(self.in_layout(v))
         return self.k_cache, self.v_cache
 
 
@@ -120,10 +129,11 @@ class RingKVCache(KVCache):
         self.max_seq_len = min(self.window, max_seq_len)
 
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
-        keys, values = torch.cat([self.k_cache, k], dim=2), torch.cat([self.v_cache, v], dim=2)
-        ring_write(self.k_cache, k, start_pos, 2)
-        ring_write(self.v_cache, v, start_pos, 2)
+        """k, v [B, T, K, D] -> the ring as it was, then the new ones, in the cache's layout."""
+        k, v, dim = self.in_layout(k), self.in_layout(v), self.seq_dim
+        keys, values = torch.cat([self.k_cache, k], dim=dim), torch.cat([self.v_cache, v], dim=dim)
+        ring_write(self.k_cache, k, start_pos, dim)
+        ring_write(self.v_cache, v, start_pos, dim)
         return keys, values
 
 

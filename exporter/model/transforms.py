@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..recipe import Recipe
-from .cache import ring_mask, ring_write
+from .cache import ring_mask
 from .transformer import Attention, GeluTanh, KVCache, RingKVCache, RMSNorm, RotateHalf, Transformer
 
 
@@ -22,8 +22,7 @@ def load_custom_ops() -> None:
 class CustomKVCache(KVCache):
     """Cache in the [B, S, K, D] layout that ``llama::update_cache`` and ``llama::custom_sdpa`` use."""
 
-    def cache_shape(self) -> tuple[int, int, int, int]:
-        return (1, self.max_seq_len, self.n_kv_heads, self.head_dim)
+    seq_dim = 1
 
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, T, K, D] -> whole caches [B, S, K, D]."""
@@ -48,17 +47,9 @@ class CustomSDPA(nn.Module):
 
 
 class CustomRingKVCache(RingKVCache):
-    """``RingKVCache`` in the [B, W, K, D] layout ``llama::custom_sdpa`` reads."""
+    """``RingKVCache`` in the [B, R, K, D] layout ``llama::custom_sdpa`` reads."""
 
-    def cache_shape(self) -> tuple[int, int, int, int]:
-        return (1, self.max_seq_len, self.n_kv_heads, self.head_dim)
-
-    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [B, T, K, D] -> the ring as it was, then the new ones [B, R + T, K, D]."""
-        keys, values = torch.cat([self.k_cache, k], dim=1), torch.cat([self.v_cache, v], dim=1)
-        ring_write(self.k_cache, k, start_pos, 1)
-        ring_write(self.v_cache, v, start_pos, 1)
-        return keys, values
+    seq_dim = 1
 
 
 class CustomRingSDPA(nn.Module):
