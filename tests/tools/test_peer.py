@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from exporter.model.checkpoint import config_to_args
 from exporter.model.transformer import ModelArgs
@@ -115,6 +116,7 @@ def _race(name: str, perplexity: bool) -> dict[str, Any]:
     }
     if perplexity:
         row |= {"perplexity_ratio_prose": 1.08, "perplexity_ratio_code": 1.04}
+        row |= {"perplexity_ratio_other-prose": 1.12, "perplexity_ratio_other-code": 1.1}
     race: dict[str, Any] = {"checkpoint": f"ckpts/{name}", "parameters": 4.2e6}
     race |= {"ours": row, "peer": row, "ours_over_peer": {k: 1.0 for k in row}}
     return race | ({"fp32_perplexity": {"prose": 12.5, "code": 3.25}} if perplexity else {})
@@ -126,9 +128,9 @@ def test_markdown_leaves_random_weight_perplexity_blank() -> None:
     random_rows = [line for line in lines if line.startswith("| llama-3.2-1b |")]
     real_rows = [line for line in lines if line.startswith("| pycode-4m |")]
     assert len(random_rows) == 3 and len(real_rows) == 3
-    assert [row.count("—") for row in random_rows] == [2, 2, 2]
-    assert random_rows[1].endswith("| peer | 10 | 900 | 45.6 | 500 | 80 | — | — |"), random_rows[1]
-    assert real_rows[0].endswith("| 80 | 1.08 | 1.04 |"), real_rows[0]
+    assert [row.count("—") for row in random_rows] == [4, 4, 4]
+    assert random_rows[1].endswith("| peer | 10 | 900 | 45.6 | 500 | 80 | — | — | — | — |"), random_rows[1]
+    assert real_rows[0].endswith("| 80 | 1.08 | 1.04 | 1.12 | 1.1 |"), real_rows[0]
     assert "pycode-4m: fp32 eager perplexity prose 12.5, code 3.25" in text
     assert "llama-3.2-1b: random weights, perplexity not reported" in text
 
@@ -143,3 +145,40 @@ def test_random_shapes_race_every_recipe_untuned() -> None:
     for name in ("android-arm64", "android-arm64-qat"):
         q = load_recipe(name, untuned(name)).quantization
         assert q.gptq is None and q.mixed is None and q.qat is None
+
+
+@pytest.mark.parametrize(
+    ("family", "extra"),
+    [("llama", {}), ("qwen2", {}), ("qwen3", {"perturb": True})],
+)
+def test_the_peer_runs_the_same_model(tmp_path: Path, family: str, extra: dict[str, Any]) -> None:
+    """The params.json and Meta state the race hands export_llm give executorch's own Llama model
+    our logits (Llama's interleaved layout, Qwen2's biases, Qwen3's q/k norms in the HF layout)."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+
+    from exporter.model.checkpoint import load_model, open_checkpoint
+    from tests.conftest import write_hf_checkpoint
+    from tools.peer import meta_state
+
+    ckpt = open_checkpoint(write_hf_checkpoint(tmp_path / family, family, **extra))
+    params = params_json(ckpt.args)
+    peer = construct_transformer(
+        executorch_args(params | {"use_kv_cache": False, "generate_full_logits": True})
+    ).eval()
+    missing, unexpected = peer.load_state_dict(meta_state(ckpt), strict=False)
+    assert not unexpected and all("rope" in k or "freqs" in k for k in missing), (missing, unexpected)
+    tokens = torch.randint(0, ckpt.args.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    ours = load_model(ckpt, 64)
+    with torch.no_grad():
+        expected = ours(tokens, torch.tensor([0]))
+        got = peer(tokens)
+    assert torch.allclose(got, expected, atol=1e-4), float((got - expected).abs().max())
+
+
+def test_what_the_peer_model_lacks_is_refused(tmp_path: Path) -> None:
+    from exporter.model.checkpoint import open_checkpoint
+    from tests.conftest import write_hf_checkpoint
+
+    ckpt = open_checkpoint(write_hf_checkpoint(tmp_path / "g", "gemma3"))
+    with pytest.raises(ValueError, match="the peer's Llama model"):
+        params_json(ckpt.args)
