@@ -152,15 +152,24 @@ def choose_int8(
     return chosen, {"int4": all4 / energy, "chosen": final / energy}
 
 
-def tune_block(
-    block: TransformerBlock,
-    xs: list[torch.Tensor],
-    rope: Rope,
-    settings: StreamedGptq,
-    base: LinearQuant,
-    dtype: torch.dtype,
-) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    """Quantize one fp32 block in place (torchao tensors); returns the next block's inputs."""
+@dataclasses.dataclass(frozen=True)
+class SolvedBlock:
+    """A block's linears on their grids: the chosen int8 ones and the int4 rest, with the block's
+    measured output error (relative) all int4 and as chosen."""
+
+    weights: dict[str, Quantized]
+    int8: set[str]
+    errors: dict[str, float]
+
+    def grid(self, name: str, base: LinearQuant) -> LinearQuant:
+        return INT8 if name in self.int8 else base
+
+
+def solve_block(
+    block: TransformerBlock, xs: list[torch.Tensor], rope: Rope, settings: StreamedGptq, base: LinearQuant
+) -> SolvedBlock:
+    """Steps 1-3 of the module's docstring on one fp32 block; its linears hold the solved weights
+    (dequantized) afterwards."""
     hessians, targets = block_hessians(block, xs, rope, settings.measure_windows)
     linears = block_linears(block)
     weights = {n: m.weight.detach() for n, m in linears.items()}  # solve() works on its own copy
@@ -177,13 +186,39 @@ def tune_block(
     int8 = {n: gptq(n, INT8) for n in linears} if settings.int8_size_ratio > 1 else {}
     probe = (xs[: settings.measure_windows], targets, rope)
     chosen, errors = choose_int8(block, int4, int8, probe, base, settings.int8_size_ratio)
-    # weights are the chosen dequantized ones now: the next inputs come from the quantized block
+    return SolvedBlock({n: int8[n] if n in chosen else int4[n] for n in linears}, chosen, errors)
+
+
+def finish_block(
+    block: TransformerBlock,
+    xs: list[torch.Tensor],
+    rope: Rope,
+    solved: SolvedBlock,
+    base: LinearQuant,
+    dtype: torch.dtype,
+) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Step 4: the next block's inputs through the solved block, whose weights become torchao
+    tensors."""
+    linears = block_linears(block)
+    _set_weights(linears, {n: q.dequantize() for n, q in solved.weights.items()})
     outputs = [block(x, rope, 0) for x in xs]
     block.to(dtype)  # before the torchao tensors: a cast would widen their bf16 scales
     for name, linear in linears.items():
-        q, solved = (INT8, int8[name]) if name in chosen else (base, int4[name])
-        linear.weight = nn.Parameter(to_torchao(solved, q, dtype), requires_grad=False)
-    return outputs, {"int8": sorted(chosen), **errors}
+        q = solved.grid(name, base)
+        linear.weight = nn.Parameter(to_torchao(solved.weights[name], q, dtype), requires_grad=False)
+    return outputs, {"int8": sorted(solved.int8), **solved.errors}
+
+
+def tune_block(
+    block: TransformerBlock,
+    xs: list[torch.Tensor],
+    rope: Rope,
+    settings: StreamedGptq,
+    base: LinearQuant,
+    dtype: torch.dtype,
+) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Quantize one fp32 block in place (torchao tensors); returns the next block's inputs."""
+    return finish_block(block, xs, rope, solve_block(block, xs, rope, settings, base), base, dtype)
 
 
 def solve_head(
