@@ -328,6 +328,55 @@ def _solved_blocks(model: Transformer, solved: Quantized) -> LogitBlocks:
     return head_blocks(rows, solved.codes.shape[0], model.finish_logits)
 
 
+def embed(
+    model: Transformer, recipe: Recipe, gate: torch.Tensor, windows: list[list[int]]
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The gate's and the calibration windows' embeddings, and the probe windows' from fp32 rows and
+    from quantized rows (the embedding's own cost: measured, not assumed; it is the largest tensor
+    of a large-vocabulary model). Quantizes the (fp32) embedding in place on the way."""
+    settings, dtype = recipe.quantization.gptq, DTYPES[recipe.export.dtype]
+    assert settings is not None
+
+    def rows(ids: torch.Tensor) -> torch.Tensor:
+        return model.scale_embedding(model.tok_embeddings(ids).float())
+
+    h = rows(gate)
+    xs = [rows(torch.tensor([w])) for w in windows]
+    probe = [torch.tensor([w]) for w in windows[: settings.measure_windows]]
+    from_fp32 = [rows(p) for p in probe]
+    quantize_embedding(model.tok_embeddings, recipe.quantization.embedding, dtype)
+    return h, xs, from_fp32, [rows(p) for p in probe]
+
+
+def tuning_record(
+    settings: StreamedGptq,
+    vocab: dict[str, Any],
+    blocks: list[dict[str, Any]],
+    seconds: float,
+    parameters: int,
+) -> dict[str, Any]:
+    """What the manifest says of the tuning (``quantization.tuning.gptq``)."""
+    return {
+        "method": "streamed GPTQ, int8 per block by measured output error",
+        "windows": settings.windows,
+        "window_tokens": settings.window_tokens,
+        "damp": settings.damp,
+        "act_order": settings.act_order,
+        "clip_search": settings.clip_search,
+        "int8_size_ratio": settings.int8_size_ratio,
+        # each measured alone against fp32 on the first measure_windows calibration windows, nats/token
+        "vocabulary": vocab,
+        "threads": settings.threads,
+        "int8_linears": sum(len(b["int8"]) for b in blocks),
+        "blocks": [
+            {"int8": b["int8"], "error_int4": round(b["int4"], 6), "error": round(b["chosen"], 6)}
+            for b in blocks
+        ],
+        "seconds": round(seconds, 1),
+        "seconds_per_million_parameters": round(seconds / (parameters / 1e6), 3),
+    }
+
+
 def gptq_module(
     ckpt: Checkpoint, recipe: Recipe, gate_ids: Sequence[int], calibration: Sequence[int]
 ) -> tuple[LastTokenLogits, Reference, dict[str, Any]]:
@@ -347,14 +396,7 @@ def gptq_module(
     blocks: list[dict[str, Any]] = []
     with torch.no_grad(), fixed_threads(settings.threads):
         fill(model.tok_embeddings, source, "tok_embeddings.", None)
-        h = model.scale_embedding(model.tok_embeddings(gate).float())
-        xs = [model.scale_embedding(model.tok_embeddings(torch.tensor([w])).float()) for w in windows]
-        # The embedding's own cost: a few windows through the fp32 blocks from fp32 rows and from
-        # quantized rows (the largest tensor of a large-vocabulary model; measured, not assumed).
-        probe = [torch.tensor([w]) for w in windows[: settings.measure_windows]]
-        from_fp32 = [model.scale_embedding(model.tok_embeddings(p).float()) for p in probe]
-        quantize_embedding(model.tok_embeddings, quant.embedding, dtype)
-        from_quantized = [model.scale_embedding(model.tok_embeddings(p).float()) for p in probe]
+        h, xs, from_fp32, from_quantized = embed(model, recipe, gate, windows)
         gate_rope = model.rope_window(0, gate.shape[1])
         rope = model.rope_window(0, settings.window_tokens)
         with progress("gptq", total=len(model.layers), unit="block") as tick:
@@ -389,23 +431,5 @@ def gptq_module(
     model.resize_cache(recipe.export.max_seq_len)
     model.cast_rope(dtype)
     seconds = time.perf_counter() - start
-    record = {
-        "method": "streamed GPTQ, int8 per block by measured output error",
-        "windows": settings.windows,
-        "window_tokens": settings.window_tokens,
-        "damp": settings.damp,
-        "act_order": settings.act_order,
-        "clip_search": settings.clip_search,
-        "int8_size_ratio": settings.int8_size_ratio,
-        # each measured alone against fp32 on the first measure_windows calibration windows, nats/token
-        "vocabulary": vocab,
-        "threads": settings.threads,
-        "int8_linears": sum(len(b["int8"]) for b in blocks),
-        "blocks": [
-            {"int8": b["int8"], "error_int4": round(b["int4"], 6), "error": round(b["chosen"], 6)}
-            for b in blocks
-        ],
-        "seconds": round(seconds, 1),
-        "seconds_per_million_parameters": round(seconds / (ckpt.args.parameter_count() / 1e6), 3),
-    }
+    record = tuning_record(settings, vocab, blocks, seconds, ckpt.args.parameter_count())
     return for_export(recipe, model), Reference(list(gate_ids), logits), {"gptq": record}
