@@ -176,6 +176,11 @@ class StreamedGptq:
     embedding_max_kl: float | None = None
     head_max_kl: float | None = None
     int8_size_ratio: float = 1.18
+    # Past int8_size_ratio, a block whose measured output error (relative to its output's energy)
+    # is still above this target raises more linears, in the same order, up to int8_max_ratio
+    # times its all-int4 bytes. Unset: the ratio alone decides.
+    int8_error_target: float | None = None
+    int8_max_ratio: float = 1.6
     # windows on which each block's output error is measured for the int8 choice
     measure_windows: int = 4
     text: str = "calibration"
@@ -189,6 +194,11 @@ class StreamedGptq:
             raise _Invalid("damp", f"must be in [0, 1), got {self.damp!r}")
         if self.int8_size_ratio < 1:
             raise _Invalid("int8_size_ratio", f"must be >= 1, got {self.int8_size_ratio}")
+        if self.int8_max_ratio < self.int8_size_ratio:
+            raise _Invalid("int8_max_ratio", f"must be >= int8_size_ratio, got {self.int8_max_ratio}")
+        if self.int8_error_target is not None and not 0 < self.int8_error_target < math.inf:
+            target = self.int8_error_target
+            raise _Invalid("int8_error_target", f"must be a finite number > 0, got {target!r}")
         _one_of("head_bits", self.head_bits, (4, 8))
         for key in ("embedding_max_kl", "head_max_kl"):
             value = getattr(self, key)

@@ -77,20 +77,31 @@ def _round(w: torch.Tensor, scale: torch.Tensor, q: LinearQuant) -> torch.Tensor
     return torch.clamp(torch.round(w * (1.0 / scale)), qmin, qmax)
 
 
-def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+def inverse_hessian_factor(
+    hessian: torch.Tensor, damp: float, release: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The upper Cholesky factor of H^-1 (dampened by ``damp`` times H's mean diagonal) and the mask
-    of dead inputs (never nonzero on the calibration text: their weights do not matter)."""
-    h = hessian.double().clone()
+    of dead inputs (never nonzero on the calibration text: their weights do not matter).
+    ``release``: ``hessian`` is a copy of the caller's, emptied here once read."""
+    # Memory: a 8192-wide input (a 1B model's down projection) is 537 MB per float64 copy; each step
+    # below frees its input before the next, and the dampening goes onto the diagonal in place (an
+    # identity matrix the size of H was one more copy): at most two copies are alive at a time.
+    h = hessian.to(torch.float64, copy=True)
+    if release:  # drop its storage now: the caller keeps no other reference to this copy
+        hessian.set_(torch.empty(0, dtype=hessian.dtype).untyped_storage())
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
-    h += damp * torch.mean(torch.diag(h)) * torch.eye(h.shape[0], dtype=h.dtype)
+    diagonal = h.diagonal()
+    diagonal += damp * torch.mean(diagonal)
     for attempt in range(5):
         factor, info = torch.linalg.cholesky_ex(h)
         if int(info) == 0:
             break
         # ill-conditioned on a short text: dampen more (GPTQ's own remedy)
-        h += (10**attempt) * damp * torch.mean(torch.diag(h)) * torch.eye(h.shape[0], dtype=h.dtype)
+        diagonal += (10**attempt) * damp * torch.mean(diagonal)
+    del h, diagonal
     inverse = torch.cholesky_inverse(factor)
+    del factor
     return torch.linalg.cholesky(inverse, upper=True).float(), dead
 
 
@@ -111,9 +122,10 @@ def prepare(hessian: torch.Tensor, damp: float, act_order: bool) -> Prepared:
     order = (
         torch.argsort(torch.diag(hessian), descending=True) if act_order else torch.arange(hessian.shape[0])
     )
-    permuted = hessian[order][:, order] if act_order else hessian
-    hinv, dead = inverse_hessian_factor(permuted, damp)
-    return Prepared(order, hinv, dead, torch.diag(permuted).float().clamp(min=0))
+    permuted = hessian[order[:, None], order[None, :]] if act_order else hessian  # one copy, not two
+    energy = torch.diag(permuted).float().clamp(min=0)
+    hinv, dead = inverse_hessian_factor(permuted, damp, release=act_order)
+    return Prepared(order, hinv, dead, energy)
 
 
 def solve(

@@ -121,12 +121,13 @@ def choose_int8(
     int8: dict[str, Quantized],
     probe: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], Rope],
     base: LinearQuant,
-    ratio: float,
+    settings: StreamedGptq,
 ) -> tuple[set[str], dict[str, float]]:
     """The linears of ``block`` raised to int8 (see the module's docstring, step 3), and the block's
     measured output error with all int4 and with the choice, relative to its output's energy."""
     linears = block_linears(block)
     xs, ys, rope = probe
+    energy = sum(float(y.square().sum()) for y in ys)
     _set_weights(linears, {n: q.dequantize() for n, q in int4.items()})
     all4 = _output_error(block, xs, ys, rope)
     extra = {
@@ -134,21 +135,34 @@ def choose_int8(
         - stored_bytes_estimate(linears[n].weight.shape, base)
         for n in linears
     }
-    budget = (ratio - 1) * sum(stored_bytes_estimate(m.weight.shape, base) for m in linears.values())
+    int4_bytes = sum(stored_bytes_estimate(m.weight.shape, base) for m in linears.values())
+    budget = (settings.int8_size_ratio - 1) * int4_bytes
     gains = {}
-    if ratio > 1:
+    if settings.int8_size_ratio > 1:
         for name in linears:
             linears[name].weight.data = int8[name].dequantize()
             gains[name] = all4 - _output_error(block, xs, ys, rope)
             linears[name].weight.data = int4[name].dequantize()
+    order = [n for n in sorted(gains, key=lambda n: gains[n] / extra[n], reverse=True) if gains[n] > 0]
     chosen: set[str] = set()
-    for name in sorted(gains, key=lambda n: gains[n] / extra[n], reverse=True):
-        if gains[name] > 0 and extra[name] <= budget:
+    for name in order:
+        if extra[name] <= budget:
             chosen.add(name)
             budget -= extra[name]
     _set_weights(linears, {n: int8[n].dequantize() for n in chosen})
-    energy = sum(float(y.square().sum()) for y in ys)
     final = _output_error(block, xs, ys, rope) if chosen else all4
+    if settings.int8_error_target is not None:
+        # more int8 only where the block is measurably worse than the target, one linear at a
+        # time, each measured with the others (their gains do not add)
+        budget += (settings.int8_max_ratio - settings.int8_size_ratio) * int4_bytes
+        for name in order:
+            if final / energy <= settings.int8_error_target:
+                break
+            if name not in chosen and extra[name] <= budget:
+                chosen.add(name)
+                budget -= extra[name]
+                linears[name].weight.data = int8[name].dequantize()
+                final = _output_error(block, xs, ys, rope)
     return chosen, {"int4": all4 / energy, "chosen": final / energy}
 
 
@@ -173,19 +187,22 @@ def solve_block(
     hessians, targets = block_hessians(block, xs, rope, settings.measure_windows)
     linears = block_linears(block)
     weights = {n: m.weight.detach() for n, m in linears.items()}  # solve() works on its own copy
-    prepared: dict[int, Prepared] = {}  # one factorisation per distinct Hessian
-    for h in hessians.values():
-        if id(h) not in prepared:
-            prepared[id(h)] = prepare(h, settings.damp, settings.act_order)
+    shared: dict[int, Prepared] = {}  # one factorisation per distinct Hessian
+    prepared: dict[str, Prepared] = {}
+    for name, h in hessians.items():
+        if id(h) not in shared:
+            shared[id(h)] = prepare(h, settings.damp, settings.act_order)
+        prepared[name] = shared[id(h)]
+    empty = torch.empty(0)
+    del hessians, h  # the factors are all the solve needs; a 1B model's widest Hessian is 268 MB
 
     def gptq(name: str, q: LinearQuant) -> Quantized:
-        h = hessians[name]
-        return solve(weights[name], h, q, prepared=prepared[id(h)], clip_search=settings.clip_search)
+        return solve(weights[name], empty, q, prepared=prepared[name], clip_search=settings.clip_search)
 
     int4 = {n: gptq(n, base) for n in linears}
     int8 = {n: gptq(n, INT8) for n in linears} if settings.int8_size_ratio > 1 else {}
     probe = (xs[: settings.measure_windows], targets, rope)
-    chosen, errors = choose_int8(block, int4, int8, probe, base, settings.int8_size_ratio)
+    chosen, errors = choose_int8(block, int4, int8, probe, base, settings)
     return SolvedBlock({n: int8[n] if n in chosen else int4[n] for n in linears}, chosen, errors)
 
 
@@ -364,6 +381,8 @@ def tuning_record(
         "act_order": settings.act_order,
         "clip_search": settings.clip_search,
         "int8_size_ratio": settings.int8_size_ratio,
+        "int8_error_target": settings.int8_error_target,
+        "int8_max_ratio": settings.int8_max_ratio,
         # each measured alone against fp32 on the first measure_windows calibration windows, nats/token
         "vocabulary": vocab,
         "threads": settings.threads,

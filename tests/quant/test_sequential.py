@@ -63,3 +63,39 @@ def test_kl_over_vocabulary_blocks_is_the_whole_softmax_kl() -> None:
     p = torch.log_softmax(torch.cat(xs, 1)[0] @ a.T, -1)
     q = torch.log_softmax(2 * (torch.cat(ys, 1)[0] @ b.T), -1)
     assert abs(blocked - float((p.exp() * (p - q)).sum(-1).mean())) < 1e-4
+
+
+def int8_choice(checkpoint: Path, *overrides: str) -> list[dict[str, object]]:
+    inputs = prepare("android-arm64", checkpoint, None, (*SMALL, *overrides))
+    assert inputs.calibration is not None
+    _, _, record = gptq_module(inputs.checkpoint, inputs.recipe, inputs.gate.ids, inputs.calibration[0])
+    blocks: list[dict[str, object]] = record["gptq"]["blocks"]
+    return blocks
+
+
+def test_an_error_target_raises_more_linears_only_within_its_cap(tiny_checkpoint: Path) -> None:
+    ratio = "quantization.gptq.int8_size_ratio=1.1"
+    base = int8_choice(tiny_checkpoint, ratio)
+    # a target no block meets: every block raises more, up to the cap
+    strict = int8_choice(tiny_checkpoint, ratio, "quantization.gptq.int8_error_target=1e-12")
+    # the same target with no room past the ratio, and a target every block meets: nothing changes
+    capped = int8_choice(
+        tiny_checkpoint,
+        ratio,
+        "quantization.gptq.int8_error_target=1e-12",
+        "quantization.gptq.int8_max_ratio=1.1",
+    )
+    loose = int8_choice(tiny_checkpoint, ratio, "quantization.gptq.int8_error_target=1.0")
+    assert capped == base and loose == base
+    # the first block sees the same inputs in both builds (later ones see their own quantized
+    # predecessors'): it keeps its choice, adds to it and ends closer to its fp32 output
+    first, first_strict = base[0], strict[0]
+    assert isinstance(first["int8"], list) and isinstance(first_strict["int8"], list)
+    assert set(first["int8"]) < set(first_strict["int8"])
+    assert isinstance(first["error"], float) and isinstance(first_strict["error"], float)
+    assert first_strict["error"] < first["error"]
+
+    def count(blocks: list[dict[str, object]]) -> int:
+        return sum(len(b["int8"]) for b in blocks if isinstance(b["int8"], list))
+
+    assert count(strict) > count(base)
