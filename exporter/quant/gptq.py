@@ -130,7 +130,7 @@ def prepare(hessian: torch.Tensor, damp: float, act_order: bool) -> Prepared:
 
 def solve(
     weight: torch.Tensor,
-    hessian: torch.Tensor,
+    hessian: torch.Tensor | None,
     q: LinearQuant,
     damp: float = 0.01,
     block: int = 128,
@@ -151,7 +151,10 @@ def solve(
     rows, cols = w.shape
     group = cols if q.scheme == "8da8w" else q.group_size
     assert cols % group == 0 and (group == cols or block % group == 0), (cols, group, block)
-    prep = prepared if prepared is not None else prepare(hessian, damp, act_order)
+    if prepared is None:
+        assert hessian is not None, "solve needs the Hessian or its prepared factor"
+        prepared = prepare(hessian, damp, act_order)
+    prep = prepared
     order, hinv, dead = prep.order, prep.hinv, prep.dead
     static = not torch.equal(order, torch.arange(cols)) or group == cols  # scales fixed before the solve
     scales = torch.zeros(rows, cols // group, dtype=torch.bfloat16 if q.scheme == "8da4w" else torch.float32)

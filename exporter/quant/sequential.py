@@ -10,7 +10,8 @@ keeps that property and tunes on the way. Calibration windows enter as embedding
 3. the int8 choice: the block's output error against its fp32 output is measured on a few windows
    with every linear int4, then with each linear alone int8 per channel (GPTQ too); linears are
    raised in order of error removed per extra byte while the block stays within
-   ``int8_size_ratio`` times its all-int4 bytes;
+   ``int8_size_ratio`` times its all-int4 bytes (with ``int8_error_target``, a block still above
+   it raises more, up to ``int8_max_ratio``);
 4. the calibration activations go through the quantized block to become the next block's inputs,
    and the block's weights become torchao tensors.
 
@@ -193,11 +194,10 @@ def solve_block(
         if id(h) not in shared:
             shared[id(h)] = prepare(h, settings.damp, settings.act_order)
         prepared[name] = shared[id(h)]
-    empty = torch.empty(0)
     del hessians, h  # the factors are all the solve needs; a 1B model's widest Hessian is 268 MB
 
     def gptq(name: str, q: LinearQuant) -> Quantized:
-        return solve(weights[name], empty, q, prepared=prepared[name], clip_search=settings.clip_search)
+        return solve(weights[name], None, q, prepared=prepared[name], clip_search=settings.clip_search)
 
     int4 = {n: gptq(n, base) for n in linears}
     int8 = {n: gptq(n, INT8) for n in linears} if settings.int8_size_ratio > 1 else {}
