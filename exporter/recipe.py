@@ -36,7 +36,7 @@ SCALE_ALGORITHMS = {
 # Which backend runs each linear scheme.
 SCHEME_BACKEND = {"8da4w": "xnnpack", "8da8w": "xnnpack", "int4_weight_only": "aoti"}
 # Shipped texts that calibration and training may read (held out from every gate and evaluation).
-TRAINING_TEXTS = ("calibration",)
+TRAINING_TEXTS = ("calibration", "calibration-mixed")
 DTYPES = ("float32", "bfloat16")
 
 

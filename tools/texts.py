@@ -5,8 +5,12 @@ evaluation or a calibration gives the same figures on any machine, whatever its 
 
 - ``prose.txt`` (held out): the reference-manual topic "import" (``pydoc_data.topics``);
 - ``code.txt`` (held out): the modules ``bisect`` and ``colorsys``;
-- ``calibration.txt``: what sensitivity search and quantization-aware training may read: other
-  reference-manual topics and other modules, interleaved a section at a time.
+- ``calibration.txt``: what the tuning reads by default: other reference-manual topics and other
+  modules, interleaved a section at a time;
+- ``calibration-mixed.txt``: the same two kinds and two more sources, interleaved about 3,000
+  characters at a time: English paragraphs of other PyPI packages' READMEs and other packages'
+  Python sources (none of them a source of the judging texts below). Measured worse on those
+  judging texts than ``calibration.txt`` (docs/quality.md), so no recipe reads it by default.
 
 No text used for calibration or training shares a paragraph with a held-out text (the gate's
 ``prose-and-code`` included); ``disjoint`` checks it and ``tests/test_texts.py`` runs it.
@@ -38,7 +42,22 @@ CALIBRATION_MODULES = (
     "fractions",
     "statistics",
 )
-CALIBRATION_BYTES = 160_000  # ~40k tokens: 300 windows of 128 tokens
+CALIBRATION_BYTES = 160_000  # ~40k tokens: 156 windows of 256 tokens
+# Besides CPython: README prose and sources of packages that are not a source of any judging text
+# (permissive licences: MIT, BSD, Apache-2.0, Unlicense). One tuning source would make a tuning that
+# fits CPython's style (what calibration-mixed tests; measured in docs/quality.md).
+CALIBRATION_PROSE = (
+    "tabulate", "email-validator", "regex", "sentencepiece", "annotated-types", "ruamel.yaml",
+    "sympy", "accelerate", "pycparser", "charset-normalizer", "fsspec", "rich", "transformers",
+    "pydantic", "typer", "urllib3", "click", "Jinja2", "python-dateutil", "pyparsing", "packaging",
+)  # fmt: skip
+CALIBRATION_CODE = (
+    "click/core.py", "jinja2/lexer.py", "packaging/version.py", "tabulate/__init__.py",
+    "rich/table.py", "fsspec/spec.py", "annotated_types/__init__.py", "charset_normalizer/api.py",
+    "pyparsing/core.py", "dateutil/rrule.py", "urllib3/response.py", "typer/main.py",
+    "markupsafe/__init__.py", "email_validator/syntax.py",
+)  # fmt: skip
+SECTION_BYTES = 3_000  # the grain of the interleaving: each 256-token window sees one or two kinds
 
 
 def _reflow(topic: str) -> str:
@@ -62,6 +81,35 @@ def disjoint(calibration: str, held_out: list[str]) -> list[str]:
     return [p[:60] for text in held_out for p in paragraphs(text) if p in flat]
 
 
+def _sections(text: str, size: int = SECTION_BYTES) -> list[str]:
+    """``text`` in pieces of about ``size`` characters, cut at blank lines."""
+    out, current = [], ""
+    for para in text.split("\n\n"):
+        current = f"{current}\n\n{para}" if current else para
+        if len(current) >= size:
+            out.append(current)
+            current = ""
+    return out + ([current] if current else [])
+
+
+def _package_code(relative: str) -> str:
+    """The middle third of a package's source file (its start is licence text and imports)."""
+    text = (Path(sysconfig.get_paths()["purelib"]) / relative).read_text(encoding="utf-8")
+    third = len(text) // 3
+    start = text.index("\n\n", third) + 2
+    return text[start : text.rindex("\n\n", 0, 2 * third)]
+
+
+def _interleave(kinds: list[list[str]]) -> str:
+    """One section of each kind in turn, to ``CALIBRATION_BYTES`` characters."""
+    out = ""
+    for i in range(max(map(len, kinds))):
+        for sections in kinds:
+            if i < len(sections) and len(out) < CALIBRATION_BYTES:
+                out += sections[i][: CALIBRATION_BYTES - len(out)] + "\n\n"
+    return out
+
+
 def build() -> dict[str, str]:
     from pydoc_data.topics import topics
 
@@ -70,17 +118,19 @@ def build() -> dict[str, str]:
     excluded = set(PROSE_TOPICS) | set(GATE_TOPICS)
     prose_parts = [_reflow(topics[t]) for t in sorted(topics) if t not in excluded]
     code_parts = [_module(m) for m in CALIBRATION_MODULES]
-    mixed: list[str] = []
-    for i in range(max(len(prose_parts), len(code_parts))):
-        mixed += [p[i] for p in (prose_parts, code_parts) if i < len(p)]
-    calibration = ""
-    for part in mixed:
-        if len(calibration) + len(part) > CALIBRATION_BYTES:
-            part = part[: CALIBRATION_BYTES - len(calibration)]
-        calibration += part + "\n\n"
-        if len(calibration) >= CALIBRATION_BYTES:
-            break
-    return {"prose": prose, "code": code, "calibration": calibration}
+    readmes = (p for pkg in CALIBRATION_PROSE for p in _readme_prose(pkg) if "License" not in p)
+    mixed = [
+        _sections("\n\n".join(prose_parts)),
+        _sections("\n\n".join(code_parts)),
+        _sections("\n\n".join(readmes)),
+        [s for f in CALIBRATION_CODE for s in _sections(_package_code(f))],
+    ]
+    return {
+        "prose": prose,
+        "code": code,
+        "calibration": _interleave([prose_parts, code_parts]),
+        "calibration-mixed": _interleave(mixed),
+    }
 
 
 # Judging texts from sources no calibration text comes from (PyPI packages' READMEs and sources,
@@ -123,9 +173,10 @@ def main() -> None:
     texts = {**build(), **other_sources()}
     gate = (TEXTS / "prose-and-code.txt").read_text(encoding="utf-8")
     held_out = [texts["prose"], texts["code"], texts["other-prose"], texts["other-code"], gate]
-    shared = disjoint(texts["calibration"], held_out)
-    if shared:
-        raise SystemExit(f"calibration text shares paragraphs with held-out text: {shared}")
+    for name in ("calibration", "calibration-mixed"):
+        shared = disjoint(texts[name], held_out)
+        if shared:
+            raise SystemExit(f"{name} text shares paragraphs with held-out text: {shared}")
     for name, text in texts.items():
         (TEXTS / f"{name}.txt").write_text(text, encoding="utf-8")
         print(f"{name}.txt: {len(text)} characters")
