@@ -13,7 +13,7 @@ evaluation or a calibration gives the same figures on any machine, whatever its 
   judging texts than ``calibration.txt`` (docs/quality.md), so no recipe reads it by default.
 
 No text used for calibration or training shares a paragraph with a held-out text (the gate's
-``prose-and-code`` included); ``disjoint`` checks it and ``tests/test_texts.py`` runs it.
+``prose-and-code`` included); ``disjoint`` checks it and ``tests/tools/test_texts.py`` runs it.
 
     python -m tools.texts     # rewrites the files (run under CPython 3.11)
 """
@@ -44,8 +44,8 @@ CALIBRATION_MODULES = (
 )
 CALIBRATION_BYTES = 160_000  # ~40k tokens: 156 windows of 256 tokens
 # Besides CPython: README prose and sources of packages that are not a source of any judging text
-# (permissive licences: MIT, BSD, Apache-2.0, Unlicense). One tuning source would make a tuning that
-# fits CPython's style (what calibration-mixed tests; measured in docs/quality.md).
+# (permissive licences: MIT, BSD, Apache-2.0, Unlicense): calibration-mixed asks whether a tuning on
+# one source fits that source's style; measured (docs/quality.md), the extra sources did not help.
 CALIBRATION_PROSE = (
     "tabulate", "email-validator", "regex", "sentencepiece", "annotated-types", "ruamel.yaml",
     "sympy", "accelerate", "pycparser", "charset-normalizer", "fsspec", "rich", "transformers",
