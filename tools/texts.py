@@ -24,6 +24,7 @@ import sysconfig
 from pathlib import Path
 
 import exporter
+from exporter.recipe import TRAINING_TEXTS
 
 TEXTS = Path(exporter.__file__).resolve().parent / "data" / "texts"
 
@@ -173,7 +174,7 @@ def main() -> None:
     texts = {**build(), **other_sources()}
     gate = (TEXTS / "prose-and-code.txt").read_text(encoding="utf-8")
     held_out = [texts["prose"], texts["code"], texts["other-prose"], texts["other-code"], gate]
-    for name in ("calibration", "calibration-mixed"):
+    for name in TRAINING_TEXTS:
         shared = disjoint(texts[name], held_out)
         if shared:
             raise SystemExit(f"{name} text shares paragraphs with held-out text: {shared}")

@@ -154,11 +154,10 @@ def solve(
     if prepared is None:
         assert hessian is not None, "solve needs the Hessian or its prepared factor"
         prepared = prepare(hessian, damp, act_order)
-    prep = prepared
-    order, hinv, dead = prep.order, prep.hinv, prep.dead
+    order, hinv, dead = prepared.order, prepared.hinv, prepared.dead
     static = not torch.equal(order, torch.arange(cols)) or group == cols  # scales fixed before the solve
     scales = torch.zeros(rows, cols // group, dtype=torch.bfloat16 if q.scheme == "8da4w" else torch.float32)
-    energy = prep.energy if clip_search else None  # in the solve's column order
+    energy = prepared.energy if clip_search else None  # in the solve's column order
     if static:
         w[:, order[dead]] = 0
         own = None if energy is None else torch.empty(cols).index_copy_(0, order, energy)
