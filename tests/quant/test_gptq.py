@@ -62,3 +62,22 @@ def test_dead_inputs_and_singular_hessians_are_handled() -> None:
         out = solve(w, x.T @ x, INT4, act_order=act_order)
         assert out.codes.shape == w.shape and torch.isfinite(out.dequantize()).all()
         assert (out.codes[:, 5] == 0).all()
+
+
+@pytest.mark.parametrize("act_order", [False, True], ids=["in-order", "act-order"])
+def test_clip_search_never_rounds_a_group_worse_than_its_absolute_maximum(act_order: bool) -> None:
+    # Inputs of very different energy: the search weighs every weight alike whatever its input
+    # (the energy-weighted search fitted the calibration text), so with no correlation between
+    # inputs (a diagonal Hessian: GPTQ is round to nearest) each group's own rounding error falls or
+    # stays, and falls for some groups.
+    w = weight()
+    h = torch.diag(torch.logspace(-3, 3, w.shape[1]))
+    rows, groups = w.shape[0], w.shape[1] // INT4.group_size
+
+    def group_error(q: torch.Tensor) -> torch.Tensor:
+        return (w - q).square().view(rows, groups, -1).sum(-1)
+
+    plain = group_error(solve(w, h, INT4, act_order=act_order).dequantize())
+    searched = group_error(solve(w, h, INT4, act_order=act_order, clip_search=True).dequantize())
+    assert (searched <= plain * (1 + 1e-6)).all()
+    assert (searched < plain * 0.99).any()
