@@ -150,8 +150,12 @@ def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_
     figures, tuning = record["validation"], record["quantization"]["tuning"]
     vs_eager = figures["vs_eager"]
     assert vs_eager["finite"] and figures["vs_fp32"]["artifact_finite"]
-    # the runtime adds a small fraction of what quantization itself costs
-    assert vs_eager["heldout_kl_share_of_quantization"] < 0.25
+    # the runtime adds a small fraction of what quantization itself costs; the share grows as the
+    # tuning gets better (the runtime's own KL vs eager stays about 0.022 nats/token: share 0.25 with
+    # the clip search, under 0.25 before it), so the bound is a third, and the KL stays well inside
+    # the recipe's max_kl_vs_eager
+    assert vs_eager["heldout_kl_share_of_quantization"] < 1 / 3
+    assert vs_eager["heldout_mean_kl"] < 0.6 * figures["thresholds"]["max_kl_vs_eager"]
     assert figures["passed"] == (not figures["failures"])
     gptq = tuning["gptq"]
     assert gptq["int8_linears"] > 0 and gptq["act_order"]
