@@ -39,6 +39,7 @@ from ..gate.validate import Reference
 from ..model.checkpoint import Checkpoint, TensorSource, fill
 from ..model.transformer import Rope, Transformer, TransformerBlock
 from ..model.transforms import LastTokenLogits, for_export
+from ..plumbing.memory import release_memory
 from ..plumbing.progress import progress
 from ..plumbing.threads import fixed_threads
 from ..recipe import LinearQuant, Recipe, StreamedGptq
@@ -244,15 +245,18 @@ def solve_head(
     """The head (as stored, e.g. bf16) solved ``HEAD_ROWS`` rows at a time (rows are independent
     given the Hessian; the block is the one its fp32 logits are cast in)."""
     prepared = prepare(hessian, settings.damp, settings.act_order)
-    rows = range(0, head.shape[0], HEAD_ROWS)
-    parts = [
-        solve(
+    codes: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+    for r in range(0, head.shape[0], HEAD_ROWS):
+        part = solve(
             head[r : r + HEAD_ROWS].float(), hessian, q, prepared=prepared, clip_search=settings.clip_search
         )
-        for r in rows
-    ]
-    codes, scales = torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts])
-    return Quantized(codes, scales, parts[0].group_size)
+        if codes is None or scales is None:  # written in place: joining the parts was a second copy
+            codes = torch.empty(head.shape[0], part.codes.shape[1], dtype=part.codes.dtype)
+            scales = torch.empty(head.shape[0], part.scales.shape[1], dtype=part.scales.dtype)
+        codes[r : r + HEAD_ROWS], scales[r : r + HEAD_ROWS] = part.codes, part.scales
+    assert codes is not None and scales is not None
+    return Quantized(codes, scales, part.group_size)
 
 
 LogitBlocks = Callable[[torch.Tensor], Iterator[torch.Tensor]]
@@ -323,6 +327,7 @@ def vocabulary_precision(
         record["embedding_bits"] = 8
     probe = hidden[: settings.measure_windows]
     grid = INT8 if settings.head_bits == 8 else quant.linear
+    release_memory()  # the embedding's fp32 rows and its measure's transients
     solved = solve_head(head, hessian, grid, settings)
     record["head_bits"] = settings.head_bits
     record["head_kl"] = mean_kl(fp32, _solved_blocks(model, solved), probe, probe)
@@ -416,6 +421,7 @@ def gptq_module(
     with torch.no_grad(), fixed_threads(settings.threads):
         fill(model.tok_embeddings, source, "tok_embeddings.", None)
         h, xs, from_fp32, from_quantized = embed(model, recipe, gate, windows)
+        release_memory()  # the embedding's fp32 rows, quantized in place
         gate_rope = model.rope_window(0, gate.shape[1])
         rope = model.rope_window(0, settings.window_tokens)
         with progress("gptq", total=len(model.layers), unit="block") as tick:
@@ -427,6 +433,10 @@ def gptq_module(
                 from_quantized = [layer(e, rope, 0) for e in from_quantized]
                 xs, record = tune_block(layer, xs, rope, settings, base, dtype)
                 blocks.append(record)
+                # glibc keeps a block's freed transients (fp32 weights, Hessians, the solve's copies)
+                # mapped, and the next block's allocations rarely fit the holes: Qwen2.5-0.5B's
+                # tuning peak grew block after block without this (docs/quality.md)
+                release_memory()
                 tick()
         fill(model.norm, source, "norm.")
         h = model.norm(h)
@@ -445,6 +455,7 @@ def gptq_module(
             torch.zeros(head.shape[1], head.shape[1]),
         )
         embedded = (from_fp32, from_quantized)
+        release_memory()
         solved, vocab = vocabulary_precision(model, source, recipe, head, hessian, embedded, xs)
         model.output.weight = nn.Parameter(solved, requires_grad=False)
     model.resize_cache(recipe.export.max_seq_len)

@@ -65,6 +65,28 @@ def test_kl_over_vocabulary_blocks_is_the_whole_softmax_kl() -> None:
     assert abs(blocked - float((p.exp() * (p - q)).sum(-1).mean())) < 1e-4
 
 
+def test_the_head_solved_in_row_blocks_is_the_whole_head_solved_at_once() -> None:
+    """Rows are independent given the Hessian: solving HEAD_ROWS at a time into one preallocated
+    result (the last block short) is the solve of the whole matrix, codes and scales alike."""
+    import torch
+
+    from exporter.gate.reference import HEAD_ROWS
+    from exporter.quant.gptq import solve
+    from exporter.quant.sequential import solve_head
+    from exporter.recipe import LinearQuant, StreamedGptq
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(HEAD_ROWS + 37, 64, generator=g).to(torch.bfloat16)
+    x = torch.randn(256, 64, generator=g) * torch.linspace(0.1, 3.0, 64)
+    hessian = x.T @ x
+    q = LinearQuant(scheme="8da4w", group_size=32)
+    settings = StreamedGptq(act_order=True, clip_search=True)
+    blocked = solve_head(head, hessian, q, settings)
+    whole = solve(head.float(), hessian, q, act_order=True, clip_search=True)
+    assert torch.equal(blocked.codes, whole.codes) and torch.equal(blocked.scales, whole.scales)
+    assert blocked.codes.dtype == torch.int8 and blocked.codes.shape == head.shape
+
+
 def int8_choice(checkpoint: Path, *overrides: str) -> list[dict[str, object]]:
     inputs = prepare("android-arm64", checkpoint, None, (*SMALL, *overrides))
     assert inputs.calibration is not None
