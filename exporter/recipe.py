@@ -275,11 +275,13 @@ class ValidationSettings:
     clear_margin: float = 1.0
     min_top1_agreement: float = 0.99
     max_perplexity_ratio: float = 1.01
-    # Judged, reported per kind in the manifest (no threshold): shipped texts from sources no
-    # calibration text comes from, each scored over judge_tokens tokens against fp32 streamed from
-    # the checkpoint, with a bootstrap interval (exporter/gate/judge.py)
+    # Judged, reported per kind in the manifest: shipped texts from sources no calibration text
+    # comes from, each scored over judge_tokens tokens against fp32 streamed from the checkpoint,
+    # with a bootstrap interval (exporter/gate/judge.py); a build is refused where any text's
+    # perplexity ratio is over judge_max_perplexity_ratio (unset: reported only)
     judge_texts: tuple[str, ...] = ()
     judge_tokens: int = 1024
+    judge_max_perplexity_ratio: float | None = None
     # torch threads of every stage that measures (fp32 reference logits, the gate, golden vectors):
     # float sums depend on the count, and the manifest must not depend on the machine's cores
     threads: int = 2
@@ -304,6 +306,11 @@ class ValidationSettings:
             raise _Invalid("min_top1_agreement", f"must be in (0, 1], got {self.min_top1_agreement}")
         if self.max_perplexity_ratio < 1:
             raise _Invalid("max_perplexity_ratio", f"must be >= 1, got {self.max_perplexity_ratio}")
+        limit = self.judge_max_perplexity_ratio
+        if limit is not None and limit < 1:
+            raise _Invalid("judge_max_perplexity_ratio", f"must be >= 1, got {limit}")
+        if limit is not None and not self.judge_texts:
+            raise _Invalid("judge_max_perplexity_ratio", "needs validation.judge_texts to judge")
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,14 @@ BASE = 'name = "bad"\nbackend = "xnnpack"\n'
         (BASE + "[quantization.embedding]\nbits = 5\n", "quantization.embedding.bits: must be one of"),
         (BASE + "[validation]\ngreedy_steps = 8\n", "validation.greedy_steps: must be >= 32"),
         (BASE + "[validation]\nprompts = 'def'\n", "validation.prompts: expected a list of strings"),
+        (
+            BASE + "[validation]\njudge_max_perplexity_ratio = 1.1\n",
+            "validation.judge_max_perplexity_ratio: needs validation.judge_texts",
+        ),
+        (
+            BASE + "[validation]\njudge_texts = ['other-code']\njudge_max_perplexity_ratio = 0.9\n",
+            "validation.judge_max_perplexity_ratio: must be >= 1, got 0.9",
+        ),
         ('name = "bad"\nbackend = "tflite"\n', "backend: must be one of"),
         ('backend = "xnnpack"\n', "required key name missing"),
         (BASE + "[export\n", "not valid TOML"),

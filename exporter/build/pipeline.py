@@ -26,7 +26,7 @@ from ..artifact.publish import make_staging, publish, target_lock
 from ..artifact.seal import write_sealed
 from ..errors import ArtifactError, CheckpointError, ValidationError
 from ..gate.inputs import GateInputs, gate_inputs
-from ..gate.judge import judge
+from ..gate.judge import judge, judged_failures
 from ..gate.validate import model_teacher, validate
 from ..model.checkpoint import (
     Checkpoint,
@@ -261,6 +261,11 @@ def _build_into(
                 v.judge_tokens,
                 v.clear_margin,
             )
+        figures["failures"] = [
+            *figures["failures"],
+            *judged_failures(figures["judged"], v.judge_max_perplexity_ratio),
+        ]
+        figures["passed"] = not figures["failures"]
     quantization = {"precision": precision, **({"tuning": tuning} if tuning else {})}
     if not figures["passed"]:
         raise _gate_failed(inputs, figures, timings, quantization)

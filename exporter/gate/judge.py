@@ -108,3 +108,16 @@ def judge(
             token_figures(score(step, window), reference, torch.tensor(window[1:]), clear_margin)
         )
     return {name: summary(parts[name], len(windows[name])) for name in texts if parts[name]}
+
+
+def judged_failures(judged: Mapping[str, Mapping[str, Any]], limit: float | None) -> list[str]:
+    """The judged texts whose perplexity ratio is over the recipe's ``limit`` (None: none is gated),
+    each message naming the text and the key."""
+    if limit is None:
+        return []
+    return [
+        f"perplexity ratio to fp32 on {name} {f['perplexity_ratio']:.4f} ({f['tokens_scored']} tokens) > "
+        f"validation.judge_max_perplexity_ratio {limit}"
+        for name, f in judged.items()
+        if not f["perplexity_ratio"] <= limit  # NaN fails too
+    ]

@@ -206,6 +206,36 @@ def test_divergent_artifact_fails_the_gate(
     assert record["validation"]["vs_eager"]["mismatches_not_at_ties"] >= 1
 
 
+def test_a_judged_text_over_the_recipes_bar_refuses_the_build_naming_it(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judged texts are part of the gate where the recipe sets a bar: one text over it refuses
+    the build (every other check passing), the message names the text, and the record keeps the
+    judged figures; under the bar the same build publishes."""
+    import exporter.build.pipeline as pipeline
+
+    real_judge = pipeline.judge
+
+    def judged(*args: object, **kwargs: object) -> dict[str, dict[str, object]]:
+        figures = real_judge(*args, **kwargs)  # type: ignore[arg-type]
+        figures["shipped:other-code"]["perplexity_ratio"] = 1.2  # as a bad quantization would score
+        return figures
+
+    monkeypatch.setattr(pipeline, "judge", judged)
+    judging = ("validation.judge_texts=['other-prose', 'other-code']", "validation.judge_tokens=64")
+    with pytest.raises(ValidationError) as caught:
+        _tiny_build(tiny_checkpoint, tmp_path, *judging, "validation.judge_max_perplexity_ratio=1.1")
+    assert caught.value.message.endswith(
+        "perplexity ratio to fp32 on shipped:other-code 1.2000 (64 tokens) > "
+        "validation.judge_max_perplexity_ratio 1.1"
+    )
+    record = json.loads(caught.value.path.read_text())
+    assert len(record["validation"]["failures"]) == 1
+    assert record["validation"]["judged"]["shipped:other-prose"]["tokens_scored"] == 64
+    folder = _tiny_build(tiny_checkpoint, tmp_path, *judging, "validation.judge_max_perplexity_ratio=1.3")
+    assert json.loads((folder / "manifest.json").read_text())["validation"]["passed"]
+
+
 def test_correct_int4_build_of_random_weights_is_not_refused_for_noise(
     make_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
