@@ -133,21 +133,19 @@ def test_reference_artifact_verifies_with_its_golden_vectors(reference: Path) ->
 def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_artifacts: Path) -> None:
     """The device recipe (streamed GPTQ) on a model whose weights already sit on a 4-bit grid
     (untuned int4 g32: perplexity x1.55 on the gate's text): the tuning lowers the loss clearly,
-    reports each judged kind over 1,024 tokens with an interval, and its memory estimate holds
-    to the measured peak of the tuning stage. Whether the gate passes is the recipe's business
-    (figures in docs/quality.md); a refused build's record carries the same figures."""
+    reports each judged kind over 1,024 tokens with an interval, passes the gate (judged 1.050 /
+    1.073 against its 1.10 bar; figures in docs/quality.md), and its memory estimate holds to the
+    measured peak of the tuning stage."""
     # its own process: the peak RSS it records is then the build's alone, not this test run's
     cmd = [sys.executable, "-m", "exporter", "--quiet", "build", "android-arm64"]
     done = subprocess.run([*cmd, "--checkpoint", str(smollm2[0]), "--out", str(real_artifacts)], check=False)
     target = real_artifacts / smollm2[0].name / "android-arm64"
-    if done.returncode == 0:
-        record = json.loads((target / "manifest.json").read_text())
-        timings = json.loads((target / "build-info.json").read_text())["timings"]
-    else:
-        assert done.returncode == 2  # refused by its gate: the figures are beside the target
-        record = json.loads(failed_path(target).read_text())
-        timings = record["timings"]
+    refused = failed_path(target)
+    assert done.returncode == 0, refused.read_text() if refused.exists() else done.returncode
+    record = json.loads((target / "manifest.json").read_text())
+    timings = json.loads((target / "build-info.json").read_text())["timings"]
     figures, tuning = record["validation"], record["quantization"]["tuning"]
+    assert figures["passed"] and not figures["failures"]
     vs_eager = figures["vs_eager"]
     assert vs_eager["finite"] and figures["vs_fp32"]["artifact_finite"]
     # the runtime adds a small fraction of what quantization itself costs; the share grows as the
@@ -156,7 +154,6 @@ def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_
     # the recipe's max_kl_vs_eager
     assert vs_eager["heldout_kl_share_of_quantization"] < 1 / 3
     assert vs_eager["heldout_mean_kl"] < 0.6 * figures["thresholds"]["max_kl_vs_eager"]
-    assert figures["passed"] == (not figures["failures"])
     gptq = tuning["gptq"]
     assert gptq["int8_linears"] > 0 and gptq["act_order"]
     assert all(b["error"] <= b["error_int4"] for b in gptq["blocks"])  # the int8 choice never hurts
@@ -168,7 +165,8 @@ def test_android_build_tunes_int4_on_the_model(smollm2: tuple[Path, Path], real_
         judged = figures["judged"][kind]
         low, high = judged["perplexity_ratio_interval"]
         assert judged["tokens_scored"] == 1024 and low <= judged["perplexity_ratio"] <= high
-        assert judged["perplexity_ratio"] < 1.35, judged  # untuned: 1.65 / 1.73 (eager)
+        # untuned: 1.65 / 1.73 (eager); the recipe's bar is 1.10
+        assert judged["perplexity_ratio"] <= figures["thresholds"]["judge_max_perplexity_ratio"], judged
     args = open_checkpoint(smollm2[0]).args
     estimate = gptq_memory_bytes(args, load_recipe("android-arm64").quantization.gptq) / 2**20
     measured = timings["load_quantize"]["peak_rss_mb"]
