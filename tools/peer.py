@@ -304,6 +304,13 @@ RANDOM_WEIGHT_GATE = (
 )
 
 
+def random_weight_gate(recipe: str) -> tuple[str, ...]:
+    """``RANDOM_WEIGHT_GATE``, and the judged texts' bar off where ``recipe`` sets one (they are
+    still scored: their cost is part of the build's)."""
+    judged = load_recipe(recipe).validation.judge_max_perplexity_ratio is not None
+    return RANDOM_WEIGHT_GATE + (("validation.judge_max_perplexity_ratio=1e9",) if judged else ())
+
+
 def untuned(recipe: str) -> tuple[str, ...]:
     """The ``--set`` switches that turn off every tuning table ``recipe`` has."""
     quant = load_recipe(recipe).quantization
@@ -409,7 +416,7 @@ def race(
 ) -> dict[str, Any]:
     from exporter.model.tokenizer import encode, load_tokenizer, tokenizer_info
 
-    overrides = RANDOM_WEIGHT_GATE + untuned(recipe_name) if random_weights else ()
+    overrides = random_weight_gate(recipe_name) + untuned(recipe_name) if random_weights else ()
     recipe = load_recipe(recipe_name, overrides)  # the very settings our build resolves
     ckpt = open_checkpoint(checkpoint)
     tok = load_tokenizer(ckpt.tokenizer_path)

@@ -147,6 +147,21 @@ def test_random_shapes_race_every_recipe_untuned() -> None:
         assert q.gptq is None and q.mixed is None and q.qat is None
 
 
+def test_random_shapes_lift_the_judged_bar_only_where_a_recipe_sets_one() -> None:
+    """Random weights have no quality to judge: the bar goes off, and the overrides still load
+    for recipes without judged texts (a bar there would be refused)."""
+    from exporter.recipe import load_recipe
+    from tools.peer import RANDOM_WEIGHT_GATE, random_weight_gate
+
+    assert random_weight_gate("android-arm64") == (
+        *RANDOM_WEIGHT_GATE,
+        "validation.judge_max_perplexity_ratio=1e9",
+    )
+    assert random_weight_gate("reference-fp32") == RANDOM_WEIGHT_GATE
+    for name in ("android-arm64", "reference-fp32"):
+        load_recipe(name, random_weight_gate(name))
+
+
 @pytest.mark.parametrize(
     ("family", "extra"),
     [("llama", {}), ("qwen2", {}), ("qwen3", {"perturb": True})],
