@@ -354,6 +354,9 @@ class Recipe:
         if q.embedding is not None:
             parts.append(f"embedding int{q.embedding.bits} g{q.embedding.group_size}")
         parts.append(f"gate: perplexity <= x{self.validation.max_perplexity_ratio} fp32")
+        if self.validation.judge_max_perplexity_ratio is not None:
+            judged = ", ".join(self.validation.judge_texts)
+            parts.append(f"<= x{self.validation.judge_max_perplexity_ratio} on {judged}")
         return "; ".join(parts)
 
     def calibration_text(self) -> str | None:
