@@ -45,14 +45,18 @@ def test_device_recipe_tunes_qwen_within_its_budgets(qwen: Path, tmp_path: Path)
     peak RSS within 1.3x the untuned build's (measured 1.01x), and the memory estimate the build
     checks before reading weights within 15% of its tuning stage's measured peak (2.1 GiB)."""
     tuned, tuned_info, tuned_dir = _build(qwen, tmp_path / "tuned")
-    plain, plain_info, plain_dir = _build(qwen, tmp_path / "plain", "quantization.gptq=false")
+    # the untuned build is the yardstick of size and memory; its judged code (1.102) is over the
+    # recipe's bar, which refuses it as it should, so the bar is lifted for this build alone
+    plain, plain_info, plain_dir = _build(
+        qwen, tmp_path / "plain", "quantization.gptq=false", "validation.judge_max_perplexity_ratio=1e9"
+    )
     v = tuned["validation"]
     assert v["passed"] and not v["failures"]
     for kind in ("shipped:other-prose", "shipped:other-code"):
         judged = v["judged"][kind]
         low, high = judged["perplexity_ratio_interval"]
         assert judged["tokens_scored"] == 1024 and low <= judged["perplexity_ratio"] <= high
-        # untuned, the same .pte scores 1.08 / 1.11 (eager): the tuning must show
+        # untuned: 1.080 / 1.102 (built 2026-12-07): the tuning must show
         assert judged["perplexity_ratio"] < plain["validation"]["judged"][kind]["perplexity_ratio"]
     assert (tuned_dir / "model.pte").stat().st_size <= 1.15 * (plain_dir / "model.pte").stat().st_size
 
