@@ -245,18 +245,21 @@ def solve_head(
     """The head (as stored, e.g. bf16) solved ``HEAD_ROWS`` rows at a time (rows are independent
     given the Hessian; the block is the one its fp32 logits are cast in)."""
     prepared = prepare(hessian, settings.damp, settings.act_order)
-    codes: torch.Tensor | None = None
-    scales: torch.Tensor | None = None
+    whole: Quantized | None = None  # written in place: joining the parts was a second copy
     for r in range(0, head.shape[0], HEAD_ROWS):
         part = solve(
             head[r : r + HEAD_ROWS].float(), hessian, q, prepared=prepared, clip_search=settings.clip_search
         )
-        if codes is None or scales is None:  # written in place: joining the parts was a second copy
-            codes = torch.empty(head.shape[0], part.codes.shape[1], dtype=part.codes.dtype)
-            scales = torch.empty(head.shape[0], part.scales.shape[1], dtype=part.scales.dtype)
-        codes[r : r + HEAD_ROWS], scales[r : r + HEAD_ROWS] = part.codes, part.scales
-    assert codes is not None and scales is not None
-    return Quantized(codes, scales, part.group_size)
+        if whole is None:
+            rows = head.shape[0]
+            whole = Quantized(
+                torch.empty(rows, part.codes.shape[1], dtype=part.codes.dtype),
+                torch.empty(rows, part.scales.shape[1], dtype=part.scales.dtype),
+                part.group_size,
+            )
+        whole.codes[r : r + HEAD_ROWS], whole.scales[r : r + HEAD_ROWS] = part.codes, part.scales
+    assert whole is not None  # a head has rows
+    return whole
 
 
 LogitBlocks = Callable[[torch.Tensor], Iterator[torch.Tensor]]
