@@ -26,6 +26,8 @@ from ..recipe import LinearQuant
 
 # (qmin, qmax) of the target grids
 BOUNDS = {"8da4w": (-8, 7), "8da8w": (-128, 127)}
+# int8 per output channel: the grid a linear is raised to
+INT8 = LinearQuant(scheme="8da8w", group_size=0)
 
 
 @dataclass(frozen=True)

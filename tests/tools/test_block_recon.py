@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from exporter.model.checkpoint import load_model, open_checkpoint
-from exporter.quant.gptq import Quantized, solve
-from exporter.quant.sequential import INT8, block_linears
+from exporter.quant.gptq import INT8, Quantized, solve
+from exporter.quant.sequential import block_linears
 from exporter.recipe import LinearQuant
 from tools.block_recon import reconstruct
 
