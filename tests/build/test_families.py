@@ -34,7 +34,7 @@ def test_fp32_pte_matches_transformers(
     assert (rows - expected[prefill - 1 : SEQ - 1]).abs().max().item() <= PARITY_TOL
 
 
-@pytest.mark.parametrize("name", ["gemma3", "olmo2", "granite"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_int4_device_build_passes_its_gate(
     make_checkpoint: Callable[..., Path], tmp_path: Path, name: str
 ) -> None:
