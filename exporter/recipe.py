@@ -152,6 +152,44 @@ class QuantizationAwareTraining:
         _positive("threads", self.threads)
 
 
+# Shipped texts the build may choose between quantized models on (``quantization.gptq.escalate``):
+# from sources that are neither calibration nor judging text.
+SELECTION_TEXTS = ("select-prose", "select-code")
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """After the tuning, more int8 where text from a third source says the model needs it
+    (``exporter/quant/escalate.py``): the quantized model is scored against fp32 on ``texts``; while
+    its perplexity ratio over all their tokens is over ``aim``, the next step of precision (each
+    block's int8 choice pushed to a lower output-error target, or the head to int8), whichever
+    measures the most gain per byte, is taken while the weights stay within ``aim_size_ratio``
+    times their all-4-bit bytes; while the ratio is over ``bar``, within ``max_size_ratio``."""
+
+    texts: tuple[str, ...] = SELECTION_TEXTS
+    tokens: int = 1024
+    window_tokens: int = 512
+    aim: float = 1.05
+    aim_size_ratio: float = 1.15
+    bar: float = 1.10
+    max_size_ratio: float = 2.0
+    # each block step halves the blocks' output-error target
+    max_steps: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.texts:
+            raise _Invalid("texts", "needs at least one text")
+        for text in self.texts:
+            _one_of("texts", text, SELECTION_TEXTS)
+        _positive("tokens", self.tokens)
+        _positive("window_tokens", self.window_tokens)
+        _positive("max_steps", self.max_steps)
+        if not 1 <= self.aim <= self.bar:
+            raise _Invalid("aim", f"must be in [1, bar], got {self.aim} (bar {self.bar})")
+        if not 1 <= self.aim_size_ratio <= self.max_size_ratio:
+            raise _Invalid("aim_size_ratio", f"must be in [1, max_size_ratio], got {self.aim_size_ratio}")
+
+
 @dataclass(frozen=True)
 class StreamedGptq:
     """Tuning in memory bounded by one block (``exporter/quant/sequential.py``): the checkpoint is
@@ -186,6 +224,7 @@ class StreamedGptq:
     text: str = "calibration"
     # fixed: the Hessian sums and the block forwards depend on the thread count
     threads: int = 2
+    escalate: Escalation | None = None
 
     def __post_init__(self) -> None:
         _positive("windows", self.windows)
@@ -335,6 +374,14 @@ class Recipe:
                 raise _Invalid("export.dtype", "int4_weight_only runs bf16 activations; set 'bfloat16'")
         if self.backend == "aoti" and self.quantization.embedding is not None:
             raise _Invalid("quantization.embedding", "no packed low-bit embedding kernel under aoti")
+        escalate = None if self.quantization.gptq is None else self.quantization.gptq.escalate
+        judged = {self.validation.text, *self.validation.judge_texts}
+        if escalate is not None and (shared := sorted(judged & set(escalate.texts))):
+            raise _Invalid(
+                "validation",
+                f"text {shared[0]!r} is also quantization.gptq.escalate's: a build judged on the "
+                "text it was chosen on measures the choice, not the model",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -53,6 +53,22 @@ def test_a_streamed_tuning_excludes_the_whole_model_ones(tmp_path: Path) -> None
             load_recipe("android-arm64", (f"quantization.gptq.{key}={value}",))
 
 
+def test_the_escalation_chooses_on_texts_no_gate_judges() -> None:
+    for key, value in [
+        ("aim", "1.2"),  # over the bar
+        ("aim_size_ratio", "3.0"),  # over max_size_ratio
+        ("texts", '["other-prose"]'),  # a judging text
+        ("texts", "[]"),
+        ("tokens", "0"),
+    ]:
+        with pytest.raises(RecipeError, match=rf"quantization\.gptq\.escalate\.{key}"):
+            load_recipe("android-arm64", (f"quantization.gptq.escalate.{key}={value}",))
+    with pytest.raises(RecipeError, match=r"'select-code' is also quantization\.gptq\.escalate's"):
+        load_recipe("android-arm64", ('validation.judge_texts=["other-prose", "select-code"]',))
+    with pytest.raises(RecipeError, match=r"'select-prose' is also quantization\.gptq\.escalate's"):
+        load_recipe("android-arm64", ('validation.text="select-prose"',))
+
+
 def test_reference_is_unquantized() -> None:
     r = load_recipe("reference-fp32")
     assert r.quantization.linear is None and r.quantization.embedding is None

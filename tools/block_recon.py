@@ -32,7 +32,7 @@ from exporter.model.tokenizer import load_tokenizer, tokenizer_info
 from exporter.model.transformer import Rope, Transformer, TransformerBlock
 from exporter.quant import sequential
 from exporter.quant.gptq import Quantized
-from exporter.quant.tune import calibration_ids
+from exporter.quant.tune import calibration_ids, selection_ids
 from exporter.recipe import LinearQuant, StreamedGptq, load_recipe
 
 KINDS = ("other-prose", "other-code")
@@ -191,7 +191,8 @@ def main() -> None:
     del reference
     sequential.tune_block = reconstructing(a)  # type: ignore[assignment]
     start = time.perf_counter()
-    module = sequential.gptq_module(ckpt, recipe, [0, 0], calibration)[0]
+    selection = selection_ids(recipe, tok, info, Path(recipe.name))
+    module = sequential.gptq_module(ckpt, recipe, [0, 0], calibration, selection)[0]
     seconds = time.perf_counter() - start
     model = module.model
     ratios = " / ".join(f"{perplexity(model, v) / fp32[k]:.4f}" for k, v in texts.items())

@@ -170,10 +170,59 @@ def other_sources() -> dict[str, str]:
     return {"other-prose": prose.rsplit("\n\n", 1)[0], "other-code": "\n\n".join(parts)}
 
 
+# Selection texts: a third set of sources, neither calibration nor judging text. The build may
+# choose between quantized models by their score on these (``quantization.gptq.escalate``); the
+# judging texts must stay out of every choice, or the figure a user reads measures a fit to them.
+SELECT_README = (
+    "tqdm", "requests", "platformdirs", "tomlkit", "anyio", "joblib", "cattrs", "narwhals",
+    "dnspython", "omegaconf", "Pygments", "scikit-learn", "pandas",
+)  # fmt: skip
+# English paragraphs of docstrings (no parameter lists, code or markup): BSD
+SELECT_DOCSTRINGS = (
+    "sklearn/model_selection/_split.py", "sklearn/ensemble/_forest.py", "joblib/parallel.py",
+    "sklearn/linear_model/_ridge.py", "sklearn/decomposition/_pca.py",
+)  # fmt: skip
+SELECT_CODE = ("tomlkit/parser.py", "pluggy/_manager.py", "joblib/memory.py")  # MIT, MIT, BSD
+
+
+def _docstring_prose(relative: str) -> list[str]:
+    """Paragraphs of a source file's docstrings that read as English prose, re-flowed."""
+    import ast
+
+    tree = ast.parse((Path(sysconfig.get_paths()["purelib"]) / relative).read_text(encoding="utf-8"))
+    out = []
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in ast.walk(tree):
+        doc = ast.get_docstring(node) if isinstance(node, kinds) else None
+        for block in (doc or "").split("\n\n"):
+            lines = block.strip().splitlines()
+            if not lines or " : " in lines[0] or lines[0].rstrip().endswith(":"):
+                continue  # a parameter's entry or a section heading
+            if any(ln.lstrip().startswith((">", "|", "#", "*", "-", "`", "=", ".. ", "[", "<")) for ln in lines):
+                continue
+            text = " ".join(block.split())
+            letters = sum(c.isalpha() or c == " " for c in text)
+            if len(text) >= 150 and letters / len(text) > 0.9 and "http" not in text and "_" not in text:
+                out.append(text)
+    return out
+
+
+def selection_sources() -> dict[str, str]:
+    readmes = [p for pkg in SELECT_README for p in _readme_prose(pkg)]
+    docs = [p for f in SELECT_DOCSTRINGS for p in _docstring_prose(f)]
+    mixed = [p for pair in zip(readmes, docs, strict=False) for p in pair]
+    mixed += readmes[len(docs) :] + docs[len(readmes) :]
+    prose = "\n\n".join(mixed)[:OTHER_BYTES]
+    share = OTHER_BYTES // len(SELECT_CODE)  # from each file's middle third: its start is imports
+    parts = [_package_code(f)[:share].rsplit("\n\n", 1)[0] for f in SELECT_CODE]
+    return {"select-prose": prose.rsplit("\n\n", 1)[0], "select-code": "\n\n".join(parts)}
+
+
 def main() -> None:
-    texts = {**build(), **other_sources()}
+    texts = {**build(), **other_sources(), **selection_sources()}
     gate = (TEXTS / "prose-and-code.txt").read_text(encoding="utf-8")
     held_out = [texts["prose"], texts["code"], texts["other-prose"], texts["other-code"], gate]
+    held_out += [texts["select-prose"], texts["select-code"]]
     for name in TRAINING_TEXTS:
         shared = disjoint(texts[name], held_out)
         if shared:

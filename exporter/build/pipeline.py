@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,13 @@ from ..plumbing.threads import fixed_threads
 from ..quant.configs import precision_map, quantize_model
 from ..quant.sequential import calibration_windows, gptq_module
 from ..quant.stream import DTYPES, stream_module
-from ..quant.tune import calibration_ids, check_tuning_memory, needs_whole_model, tuned_module
+from ..quant.tune import (
+    calibration_ids,
+    check_tuning_memory,
+    needs_whole_model,
+    selection_ids,
+    tuned_module,
+)
 from ..recipe import Recipe, load_recipe, recipe_path
 from .cache import remember, reuse
 from .fits import check_fits
@@ -81,6 +87,8 @@ class BuildInputs:
     gate: GateInputs
     # the shipped text a tuned recipe calibrates and trains on: ids, and what the manifest says of it
     calibration: tuple[list[int], dict[str, Any]] | None = None
+    # the texts a tuned recipe's escalation chooses on, by name (quantization.gptq.escalate)
+    selection: dict[str, list[int]] = field(default_factory=dict)
 
 
 def prepare(
@@ -106,7 +114,8 @@ def prepare(
     calibration = None if name is None else calibration_ids(name, tokenizer, info, recipe_file)
     if calibration is not None and recipe.quantization.gptq is not None:
         calibration_windows(calibration[0], recipe.quantization.gptq, recipe_file)  # enough text?
-    return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target, gate, calibration)
+    selection = selection_ids(recipe, tokenizer, info, recipe_file)
+    return BuildInputs(recipe, recipe_file, ckpt, tokenizer, info, target, gate, calibration, selection)
 
 
 def export_program(module: torch.nn.Module, max_seq_len: int) -> torch.export.ExportedProgram:
@@ -166,9 +175,12 @@ def eager_module(recipe: Recipe, ckpt: Checkpoint) -> torch.nn.Module:
     if name is None:
         return prepare_module(recipe, load_model(ckpt, recipe.export.max_seq_len))
     tok = load_tokenizer(ckpt.tokenizer_path)
-    ids, _ = calibration_ids(name, tok, tokenizer_info(ckpt.path, ckpt.config, tok), Path(recipe.name))
-    tune = gptq_module if recipe.quantization.gptq is not None else tuned_module
-    return tune(ckpt, recipe, [0, 0], ids)[0]
+    info = tokenizer_info(ckpt.path, ckpt.config, tok)
+    ids, _ = calibration_ids(name, tok, info, Path(recipe.name))
+    if recipe.quantization.gptq is None:
+        return tuned_module(ckpt, recipe, [0, 0], ids)[0]
+    selection = selection_ids(recipe, tok, info, Path(recipe.name))
+    return gptq_module(ckpt, recipe, [0, 0], ids, selection)[0]
 
 
 def failed_path(target: Path) -> Path:
@@ -218,8 +230,12 @@ def _build_into(
         tuning: dict[str, Any] = {}
         if needs_whole_model(recipe) or recipe.quantization.gptq is not None:
             assert inputs.calibration is not None  # prepare() reads it for every tuned recipe
-            tune = gptq_module if recipe.quantization.gptq is not None else tuned_module
-            module, reference, tuning = tune(ckpt, recipe, gate.ids, inputs.calibration[0])
+            if recipe.quantization.gptq is not None:
+                module, reference, tuning = gptq_module(
+                    ckpt, recipe, gate.ids, inputs.calibration[0], inputs.selection
+                )
+            else:
+                module, reference, tuning = tuned_module(ckpt, recipe, gate.ids, inputs.calibration[0])
             tuning["calibration_text"] = inputs.calibration[1]
         else:
             module, reference = stream_module(ckpt, recipe, gate.ids)

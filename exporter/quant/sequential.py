@@ -25,6 +25,7 @@ logits: the memory grows with the widest block, not with depth.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +45,17 @@ from ..plumbing.progress import progress
 from ..plumbing.threads import fixed_threads
 from ..recipe import LinearQuant, Recipe, StreamedGptq
 from .configs import stored_bytes_estimate
+from .escalate import (
+    Ladder,
+    escalate,
+    fp32_nll,
+    head_step,
+    ladder,
+    loader,
+    selection_measure,
+    weight_bytes,
+    window_ids,
+)
 from .gptq import INT8, Prepared, Quantized, prepare, solve, to_torchao
 from .stream import DTYPES
 from .vocabulary import embed, vocabulary_precision
@@ -124,9 +136,10 @@ def choose_int8(
     probe: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], Rope],
     base: LinearQuant,
     settings: StreamedGptq,
-) -> tuple[set[str], dict[str, float]]:
-    """The linears of ``block`` raised to int8 (see the module's docstring, step 3), and the block's
-    measured output error with all int4 and with the choice, relative to its output's energy."""
+) -> tuple[set[str], dict[str, float], list[tuple[str, float]]]:
+    """The linears of ``block`` raised to int8 (see the module's docstring, step 3), the block's
+    measured output error with all int4 and with the choice, relative to its output's energy, and,
+    with ``escalate``, the linears left in the order with the error after raising each as well."""
     linears = block_linears(block)
     xs, ys, rope = probe
     energy = sum(float(y.square().sum()) for y in ys)
@@ -165,7 +178,15 @@ def choose_int8(
                 budget -= extra[name]
                 linears[name].weight.data = int8[name].dequantize()
                 final = _output_error(block, xs, ys, rope)
-    return chosen, {"int4": all4 / energy, "chosen": final / energy}
+    tail: list[tuple[str, float]] = []
+    if settings.escalate is not None:
+        # the rest of the order, measured one more linear at a time: the steps the escalation
+        # (escalate.py) may take after the whole model is scored on selection text
+        for name in order:
+            if name not in chosen:
+                linears[name].weight.data = int8[name].dequantize()
+                tail.append((name, _output_error(block, xs, ys, rope) / energy))
+    return chosen, {"int4": all4 / energy, "chosen": final / energy}, tail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +197,10 @@ class SolvedBlock:
     weights: dict[str, Quantized]
     int8: set[str]
     errors: dict[str, float]
+    # with ``escalate``: the further raises in order, (linear, block error after it), and their
+    # int8 solutions
+    tail: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    reserve: dict[str, Quantized] = dataclasses.field(default_factory=dict)
 
     def grid(self, name: str, base: LinearQuant) -> LinearQuant:
         return INT8 if name in self.int8 else base
@@ -203,8 +228,9 @@ def solve_block(
     int4 = {n: gptq(n, base) for n in linears}
     int8 = {n: gptq(n, INT8) for n in linears} if settings.int8_size_ratio > 1 else {}
     probe = (xs[: settings.measure_windows], targets, rope)
-    chosen, errors = choose_int8(block, int4, int8, probe, base, settings)
-    return SolvedBlock({n: int8[n] if n in chosen else int4[n] for n in linears}, chosen, errors)
+    chosen, errors, tail = choose_int8(block, int4, int8, probe, base, settings)
+    solution = {n: int8[n] if n in chosen else int4[n] for n in linears}
+    return SolvedBlock(solution, chosen, errors, tail, {n: int8[n] for n, _ in tail})
 
 
 def finish_block(
@@ -224,7 +250,8 @@ def finish_block(
     for name, linear in linears.items():
         q = solved.grid(name, base)
         linear.weight = nn.Parameter(to_torchao(solved.weights[name], q, dtype), requires_grad=False)
-    return outputs, {"int8": sorted(solved.int8), **solved.errors}
+    record = {"int8": sorted(solved.int8), **solved.errors, "tail": solved.tail, "reserve": solved.reserve}
+    return outputs, record
 
 
 def tune_block(
@@ -271,24 +298,41 @@ def tuning_record(
 
 
 def gptq_module(
-    ckpt: Checkpoint, recipe: Recipe, gate_ids: Sequence[int], calibration: Sequence[int]
+    ckpt: Checkpoint,
+    recipe: Recipe,
+    gate_ids: Sequence[int],
+    calibration: Sequence[int],
+    selection: dict[str, list[int]] | None = None,
 ) -> tuple[LastTokenLogits, Reference, dict[str, Any]]:
     """The exported module for a recipe with ``quantization.gptq``, the eager fp32 logits on
-    ``gate_ids`` and the record of the tuning for the manifest."""
+    ``gate_ids`` and the record of the tuning for the manifest. ``selection``: the escalation's
+    texts by name, as token ids (needed where the recipe escalates)."""
     quant = recipe.quantization
     settings, base = quant.gptq, quant.linear
     assert settings is not None and base is not None  # the recipe checks gptq comes with 8da4w
+    escalation = settings.escalate
     dtype = DTYPES[recipe.export.dtype]
     windows = calibration_windows(calibration, settings, Path(recipe.name))
     start = time.perf_counter()
+    longest = max(recipe.export.max_seq_len, settings.window_tokens)
+    select: dict[str, list[list[int]]] = {}
+    if escalation is not None:
+        assert selection is not None, "the escalation needs its selection texts"
+        select = {k: window_ids(v, escalation.tokens, escalation.window_tokens) for k, v in selection.items()}
+        longest = max(longest, escalation.window_tokens)
     with torch.device("meta"):
-        model = Transformer(ckpt.args, max(recipe.export.max_seq_len, settings.window_tokens))
+        model = Transformer(ckpt.args, longest)
     source = TensorSource(ckpt, model)
     model.init_buffers()
     gate = torch.tensor([list(gate_ids)])
     blocks: list[dict[str, Any]] = []
-    with torch.no_grad(), fixed_threads(settings.threads):
+    ladders: list[Ladder] = []
+    with torch.no_grad(), fixed_threads(settings.threads), tempfile.TemporaryDirectory() as spill:
         fill(model.tok_embeddings, source, "tok_embeddings.", None)
+        selected = {  # the selection windows' fp32 rows, before the embedding is quantized
+            k: [model.scale_embedding(model.tok_embeddings(torch.tensor([w])).float()) for w in ws]
+            for k, ws in select.items()
+        }
         h, xs, from_fp32, from_quantized = embed(model, recipe, gate, windows)
         release_memory()  # the embedding's fp32 rows, quantized in place
         gate_rope = model.rope_window(0, gate.shape[1])
@@ -298,9 +342,13 @@ def gptq_module(
                 assert isinstance(layer, TransformerBlock)
                 fill(layer, source, f"layers.{i}.")
                 h = layer(h, gate_rope, 0)
+                selected = {
+                    k: [layer(x, model.rope_window(0, x.shape[1]), 0) for x in v] for k, v in selected.items()
+                }
                 from_fp32 = [layer(e, rope, 0) for e in from_fp32]
                 from_quantized = [layer(e, rope, 0) for e in from_quantized]
                 xs, record = tune_block(layer, xs, rope, settings, base, dtype)
+                ladders.append(ladder(block_linears(layer), record, Path(spill) / str(i), base))
                 blocks.append(record)
                 # glibc keeps a block's freed transients (fp32 weights, Hessians, the solve's copies)
                 # mapped and the next block's rarely fit the holes: without this the tuning's RSS
@@ -315,10 +363,15 @@ def gptq_module(
             [model.norm(e) for e in from_fp32],
             [model.norm(e) for e in from_quantized],
         )
-        model.norm.to(dtype)
         fill(model.output, source, "output.", None)
         head = model.output.weight
         logits = model.finish_logits(head_logits(h, head))[0, :-1]
+        reference = {
+            k: [fp32_nll(model, head, x, w) for x, w in zip(selected[k], select[k], strict=True)]
+            for k in select
+        }
+        del selected
+        model.norm.to(dtype)
 
         hessian = sum(
             (x.reshape(-1, x.shape[-1]).T @ x.reshape(-1, x.shape[-1]) for x in xs),
@@ -328,8 +381,26 @@ def gptq_module(
         release_memory()
         solved, vocab = vocabulary_precision(model, source, recipe, head, hessian, embedded, xs)
         model.output.weight = nn.Parameter(solved, requires_grad=False)
+        escalated = None
+        if escalation is not None:
+            del xs, embedded, from_fp32, from_quantized
+            release_memory()
+            linears = [block_linears(layer) for layer in model.layers]
+            all4, now = weight_bytes(model, linears, blocks, vocab, base)
+            to_int8 = (
+                None if vocab["head_bits"] == 8 else head_step(model, head, hessian, settings, base, dtype)
+            )
+            target = settings.int8_error_target or max(b["chosen"] for b in blocks)
+            ratios = selection_measure(model, {k: (select[k], reference[k]) for k in select})
+            escalated = escalate(escalation, ratios, ladders, to_int8, target, now, all4, loader(dtype))
+            for steps, b in zip(ladders, blocks, strict=True):
+                b["int8"] = sorted([*b["int8"], *(r.name for r in steps.raises[: steps.taken])])
+            if to_int8 is not None and any(t["step"] == to_int8.name for t in escalated["taken"]):
+                vocab["head_bits"] = 8
     model.resize_cache(recipe.export.max_seq_len)
     model.cast_rope(dtype)
     seconds = time.perf_counter() - start
     record = tuning_record(settings, vocab, blocks, seconds, ckpt.args.parameter_count())
+    if escalated is not None:
+        record["escalation"] = escalated
     return for_export(recipe, model), Reference(list(gate_ids), logits), {"gptq": record}

@@ -35,7 +35,8 @@ from .stream import DTYPES
 def calibration_ids(
     name: str, tokenizer: Any, info: Any, recipe_file: Path
 ) -> tuple[list[int], dict[str, Any]]:
-    """The shipped training text ``name`` as token ids, and what the manifest says of it."""
+    """The shipped training (or selection) text ``name`` as token ids, and what the manifest says
+    of it."""
     path = TEXTS / f"{name}.txt"
     try:
         text = path.read_text(encoding="utf-8")
@@ -48,6 +49,26 @@ def calibration_ids(
         "tokens": len(ids),
     }
     return ids, described
+
+
+def selection_ids(recipe: Recipe, tokenizer: Any, info: Any, recipe_file: Path) -> dict[str, list[int]]:
+    """The escalation's selection texts (``quantization.gptq.escalate.texts``) as token ids; a text
+    too short for ``escalate.tokens`` is a one-line recipe error."""
+    gptq = recipe.quantization.gptq
+    escalation = None if gptq is None else gptq.escalate
+    if escalation is None:
+        return {}
+    out = {}
+    for i, name in enumerate(escalation.texts):
+        ids, _ = calibration_ids(name, tokenizer, info, recipe_file)
+        if len(ids) < escalation.tokens + 1:
+            raise RecipeError(
+                recipe_file,
+                f"quantization.gptq.escalate.texts[{i}]: {name} has {len(ids)} tokens, "
+                f"escalate.tokens needs {escalation.tokens + 1}",
+            )
+        out[name] = ids[: escalation.tokens + 1]
+    return out
 
 
 # Peak bytes per (untied) parameter of the whole-model path, from SmolLM2-135M (162.8 M untied

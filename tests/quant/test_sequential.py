@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from exporter.build.pipeline import prepare
+from exporter.quant.configs import precision_map
 from exporter.quant.sequential import gptq_module
 
 SMALL = (
@@ -19,7 +22,9 @@ SMALL = (
 def vocabulary(checkpoint: Path, *overrides: str) -> dict[str, object]:
     inputs = prepare("android-arm64", checkpoint, None, (*SMALL, *overrides))
     assert inputs.calibration is not None
-    _, _, record = gptq_module(inputs.checkpoint, inputs.recipe, inputs.gate.ids, inputs.calibration[0])
+    _, _, record = gptq_module(
+        inputs.checkpoint, inputs.recipe, inputs.gate.ids, inputs.calibration[0], inputs.selection
+    )
     vocab: dict[str, object] = record["gptq"]["vocabulary"]
     return vocab
 
@@ -45,7 +50,9 @@ def test_embedding_and_head_go_8_bit_only_over_their_budget(
 def int8_choice(checkpoint: Path, *overrides: str) -> list[dict[str, object]]:
     inputs = prepare("android-arm64", checkpoint, None, (*SMALL, *overrides))
     assert inputs.calibration is not None
-    _, _, record = gptq_module(inputs.checkpoint, inputs.recipe, inputs.gate.ids, inputs.calibration[0])
+    _, _, record = gptq_module(
+        inputs.checkpoint, inputs.recipe, inputs.gate.ids, inputs.calibration[0], inputs.selection
+    )
     blocks: list[dict[str, object]] = record["gptq"]["blocks"]
     return blocks
 
@@ -76,3 +83,40 @@ def test_an_error_target_raises_more_linears_only_within_its_cap(tiny_checkpoint
         return sum(len(b["int8"]) for b in blocks if isinstance(b["int8"], list))
 
     assert count(strict) > count(base)
+
+
+def tuned(checkpoint: Path | None, *overrides: str) -> dict[str, Any]:
+    inputs = prepare("android-arm64", checkpoint, None, (*SMALL, *overrides))
+    assert inputs.calibration is not None
+    module, _, record = gptq_module(
+        inputs.checkpoint, inputs.recipe, inputs.gate.ids, inputs.calibration[0], inputs.selection
+    )
+    gptq: dict[str, Any] = record["gptq"]
+    gptq["precision"] = precision_map(module.model)
+    return gptq
+
+
+def test_the_escalation_spends_bytes_only_while_the_selection_texts_ask() -> None:
+    # the shipped model (trained: random weights lose nothing a step could win back), held to an
+    # aim and bar of 1.0: steps are taken, each measured better on the selection texts than the
+    # one before, within the budget, and the model holds what was taken
+    hungry = tuned(
+        None,
+        "quantization.gptq.escalate.aim=1.0",
+        "quantization.gptq.escalate.bar=1.0",
+        "quantization.gptq.escalate.max_size_ratio=1.5",
+    )
+    steps = hungry["escalation"]["taken"]
+    assert steps[0]["step"] == "recipe" and len(steps) > 1
+    worst = [s["ratios"]["pooled"][0] for s in steps]
+    assert all(b < a for a, b in itertools.pairwise(worst))
+    assert all(s["size_ratio"] <= 1.5 for s in steps)
+    assert [t for t in hungry["escalation"]["tried"] if t["step"] == steps[1]["step"]]
+    by_tensor = hungry["precision"]["by_tensor"].items()
+    int8 = {n for n, p in by_tensor if p.startswith("int8") and n.startswith("layers.")}
+    assert hungry["int8_linears"] == len(int8)
+    # the recipe's aim, which the tiny model meets: nothing taken, nothing tried
+    content = tuned(None)
+    assert [s["step"] for s in content["escalation"]["taken"]] == ["recipe"]
+    assert content["escalation"]["tried"] == []
+    assert hungry["int8_linears"] > content["int8_linears"]
