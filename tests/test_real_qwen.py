@@ -5,9 +5,6 @@ through the unmodified device recipe and untuned. Large: the two builds take abo
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +13,7 @@ import pytest
 from exporter.model.checkpoint import open_checkpoint
 from exporter.quant.tune import gptq_memory_bytes
 from exporter.recipe import load_recipe
+from tests.builds import build_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.large]
 
@@ -27,27 +25,15 @@ def qwen() -> Path:
     return ensure_chunked("Qwen2.5-Coder-0.5B-Instruct")
 
 
-def _build(checkpoint: Path, out: Path, *overrides: str) -> tuple[dict[str, Any], dict[str, Any], Path]:
-    """Manifest, build-info and folder of a build in its own process (so its recorded peak RSS is
-    the build's alone)."""
-    sets = [a for o in overrides for a in ("--set", o)]
-    cmd = [sys.executable, "-m", "exporter", "--quiet", "build", "android-arm64", *sets]
-    done = subprocess.run([*cmd, "--checkpoint", str(checkpoint), "--out", str(out)], check=False)
-    folder = out / checkpoint.name / "android-arm64"
-    assert done.returncode == 0, done.returncode
-    info = json.loads((folder / "build-info.json").read_text())
-    return json.loads((folder / "manifest.json").read_text()), info, folder
-
-
 def test_device_recipe_tunes_qwen_within_its_budgets(qwen: Path, tmp_path: Path) -> None:
     """The recipe's build passes its gate (judged prose and code <= 1.10 over 1,024 tokens each;
     measured 1.054 / 1.053), its `.pte` is within 1.15x of the all-int4 build's, its whole-build
     peak RSS within 1.3x the untuned build's (measured 1.01x), and the memory estimate the build
     checks before reading weights within 15% of its tuning stage's measured peak (2.1 GiB)."""
-    tuned, tuned_info, tuned_dir = _build(qwen, tmp_path / "tuned")
+    tuned, tuned_info, tuned_dir = build_in_process(qwen, tmp_path / "tuned")
     # the untuned build is the yardstick of size and memory; its judged code (1.102) is over the
     # recipe's bar, which refuses it as it should, so the bar is lifted for this build alone
-    plain, plain_info, plain_dir = _build(
+    plain, plain_info, plain_dir = build_in_process(
         qwen, tmp_path / "plain", "quantization.gptq=false", "validation.judge_max_perplexity_ratio=1e9"
     )
     v = tuned["validation"]

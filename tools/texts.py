@@ -185,6 +185,9 @@ SELECT_DOCSTRINGS = (
 SELECT_CODE = ("tomlkit/parser.py", "pluggy/_manager.py", "joblib/memory.py")  # MIT, MIT, BSD
 
 
+MARKUP = (">", "|", "#", "*", "-", "`", "=", ".. ", "[", "<")  # a line that starts a list, table or code
+
+
 def _docstring_prose(relative: str) -> list[str]:
     """Paragraphs of a source file's docstrings that read as English prose, re-flowed."""
     import ast
@@ -198,7 +201,7 @@ def _docstring_prose(relative: str) -> list[str]:
             lines = block.strip().splitlines()
             if not lines or " : " in lines[0] or lines[0].rstrip().endswith(":"):
                 continue  # a parameter's entry or a section heading
-            if any(ln.lstrip().startswith((">", "|", "#", "*", "-", "`", "=", ".. ", "[", "<")) for ln in lines):
+            if any(ln.lstrip().startswith(MARKUP) for ln in lines):
                 continue
             text = " ".join(block.split())
             letters = sum(c.isalpha() or c == " " for c in text)

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exporter.quant.configs import quantize_linears
+from exporter.model.checkpoint import load_model, open_checkpoint
+from exporter.quant.configs import quantize_linears, quantize_model
 from exporter.quant.escalate import (
     POOLED,
     Ladder,
@@ -25,11 +26,12 @@ from exporter.quant.escalate import (
     blocked_nll,
     escalate,
     head_rows,
+    quantized_nll,
     window_ids,
 )
 from exporter.quant.gptq import INT8
 from exporter.quant.vocabulary import head_blocks
-from exporter.recipe import Escalation
+from exporter.recipe import Escalation, load_recipe
 
 RAISED = 1.0  # a raised stand-in linear's weight
 
@@ -211,3 +213,22 @@ def test_a_torchao_heads_rows_keep_its_rounding() -> None:
     )
     assert type(head_rows(linear.weight, 0, 16)) is type(linear.weight)
     assert torch.equal(parts, whole)
+
+
+def test_the_selection_nll_is_the_quantized_models_own(tiny_checkpoint: Path) -> None:
+    # rows looked up by hand and logits in vocabulary blocks: the model's own forward, to float
+    # rounding (torchao's lookup dequantizes the whole table, which is what the hand lookup avoids)
+    model = quantize_model(
+        load_model(open_checkpoint(tiny_checkpoint), 64), load_recipe("android-arm64").quantization
+    )
+    ids = list(range(3, 40))
+    with torch.no_grad():
+        expected = F.cross_entropy(
+            model(torch.tensor([ids]), torch.tensor([0]))[0, :-1].float(),
+            torch.tensor(ids[1:]),
+            reduction="none",
+        )
+    model.reset_cache()
+    with patch("exporter.quant.vocabulary.HEAD_ROWS", 100):  # several blocks of the tiny vocabulary
+        got = quantized_nll(model, ids)
+    assert torch.allclose(got, expected, atol=1e-5)
