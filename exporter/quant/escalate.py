@@ -41,17 +41,6 @@ from .vocabulary import LogitBlocks, head_blocks, solve_head
 log = logging.getLogger("exporter")
 
 
-def window_ids(ids: Sequence[int], tokens: int, window: int) -> list[list[int]]:
-    """``tokens`` scored tokens of ``ids`` as windows of at most ``window`` tokens (the cache's
-    length), each scored from its own start, one token of overlap between them."""
-    out, start = [], 0
-    while start < tokens:
-        n = min(window - 1, tokens - start)
-        out.append(list(ids[start : start + n + 1]))
-        start += n
-    return out
-
-
 def blocked_nll(blocks: LogitBlocks, hidden: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
     """Next-token NLL [T - 1] of final hidden states [T, E], the logits a block of vocabulary rows
     at a time (``vocabulary.head_blocks``): no [T, V] tensor and no whole head in fp32 (Gemma 3's

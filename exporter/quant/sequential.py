@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import RecipeError
+from ..gate.judge import windows_of
 from ..gate.reference import head_logits
 from ..gate.validate import Reference
 from ..model.checkpoint import Checkpoint, TensorSource, fill
@@ -54,7 +55,6 @@ from .escalate import (
     loader,
     selection_measure,
     weight_bytes,
-    window_ids,
 )
 from .gptq import INT8, Prepared, Quantized, prepare, solve, to_torchao
 from .stream import DTYPES
@@ -318,7 +318,8 @@ def gptq_module(
     select: dict[str, list[list[int]]] = {}
     if escalation is not None:
         assert selection is not None, "the escalation needs its selection texts"
-        select = {k: window_ids(v, escalation.tokens, escalation.window_tokens) for k, v in selection.items()}
+        length, tokens = escalation.window_tokens, escalation.tokens
+        select = {k: windows_of(v, length, tokens) for k, v in selection.items()}
         longest = max(longest, escalation.window_tokens)
     with torch.device("meta"):
         model = Transformer(ckpt.args, longest)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from exporter.gate.judge import windows_of
 from exporter.model.checkpoint import load_model, open_checkpoint
 from exporter.quant.configs import quantize_linears, quantize_model
 from exporter.quant.escalate import (
@@ -27,7 +28,6 @@ from exporter.quant.escalate import (
     escalate,
     head_rows,
     quantized_nll,
-    window_ids,
 )
 from exporter.quant.gptq import INT8
 from exporter.quant.vocabulary import head_blocks
@@ -38,7 +38,7 @@ RAISED = 1.0  # a raised stand-in linear's weight
 
 def test_windows_score_every_token_once_within_the_cache() -> None:
     ids = list(range(100))
-    windows = window_ids(ids, 20, 8)
+    windows = windows_of(ids, 8, 20)  # the judge's windowing, which the selection measure shares
     assert all(len(w) <= 8 for w in windows)
     scored = [t for w in windows for t in w[1:]]  # each window's first token is context
     assert scored == list(range(1, 21))
