@@ -53,6 +53,16 @@ def _read(path: Path, recipe_file: Path) -> str:
         ) from e
 
 
+def first_tokens(
+    ids: list[int], count: int, recipe_file: Path, key: str, source: object, needed_by: str
+) -> list[int]:
+    """The first ``count`` ids of a text; a text shorter than that is a one-line recipe error
+    naming the key that lists the text and the key that asks for the tokens."""
+    if len(ids) < count:
+        raise RecipeError(recipe_file, f"{key}: {source} has {len(ids)} tokens, {needed_by} needs {count}")
+    return ids[:count]
+
+
 def chat_prompt_texts(recipe: Recipe, info: TokenizerInfo) -> list[str]:
     """The recipe's chat messages rendered with the checkpoint's template, as transformers would."""
     if info.chat_template is None or not recipe.validation.chat_prompts:
@@ -78,13 +88,14 @@ def gate_inputs(
         )
     path, name = text_path(v.text, ckpt_dir)
     text = _read(path, recipe_file)
-    ids = encode(tokenizer, info, text)
-    if len(ids) < v.eval_tokens + 1:
-        raise RecipeError(
-            recipe_file,
-            f"validation.text: {path} has {len(ids)} tokens, "
-            f"validation.eval_tokens needs {v.eval_tokens + 1}",
-        )
+    ids = first_tokens(
+        encode(tokenizer, info, text),
+        v.eval_tokens + 1,
+        recipe_file,
+        "validation.text",
+        path,
+        "validation.eval_tokens",
+    )
     rendered = chat_prompt_texts(recipe, info)
     raw = [(f"validation.prompts[{i}]", encode(tokenizer, info, p)) for i, p in enumerate(v.prompts)]
     chat = []
@@ -110,11 +121,12 @@ def gate_inputs(
     for i, setting in enumerate(v.judge_texts):
         judge_path, judge_name = text_path(setting, ckpt_dir)
         judge_ids = encode(tokenizer, info, _read(judge_path, recipe_file))
-        if len(judge_ids) < v.judge_tokens + 1:
-            raise RecipeError(
-                recipe_file,
-                f"validation.judge_texts[{i}]: {judge_path} has {len(judge_ids)} tokens, "
-                f"validation.judge_tokens needs {v.judge_tokens + 1}",
-            )
-        judged[judge_name] = judge_ids[: v.judge_tokens + 1]
-    return GateInputs(ids[: v.eval_tokens + 1], described, [p for _, p in raw + chat], rendered, judged)
+        judged[judge_name] = first_tokens(
+            judge_ids,
+            v.judge_tokens + 1,
+            recipe_file,
+            f"validation.judge_texts[{i}]",
+            judge_path,
+            "validation.judge_tokens",
+        )
+    return GateInputs(ids, described, [p for _, p in raw + chat], rendered, judged)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import RecipeError
-from ..gate.inputs import TEXTS
+from ..gate.inputs import TEXTS, first_tokens
 from ..gate.validate import Reference, full_logits
 from ..model.checkpoint import Checkpoint, load_model
 from ..model.tokenizer import encode
@@ -61,13 +61,8 @@ def selection_ids(recipe: Recipe, tokenizer: Any, info: Any, recipe_file: Path) 
     out = {}
     for i, name in enumerate(escalation.texts):
         ids, _ = calibration_ids(name, tokenizer, info, recipe_file)
-        if len(ids) < escalation.tokens + 1:
-            raise RecipeError(
-                recipe_file,
-                f"quantization.gptq.escalate.texts[{i}]: {name} has {len(ids)} tokens, "
-                f"escalate.tokens needs {escalation.tokens + 1}",
-            )
-        out[name] = ids[: escalation.tokens + 1]
+        key = f"quantization.gptq.escalate.texts[{i}]"
+        out[name] = first_tokens(ids, escalation.tokens + 1, recipe_file, key, name, "escalate.tokens")
     return out
 
 

@@ -61,3 +61,27 @@ def test_the_streamed_tuning_grows_with_the_quantized_model_not_with_the_fp32_on
     check_tuning_memory(recipe, LLAMA_1B, Path("android-arm64.toml"), 24 * GiB)
     with pytest.raises(RecipeError, match=r"quantization\.gptq: .*--set quantization\.gptq=false"):
         check_tuning_memory(recipe, LLAMA_1B, Path("android-arm64.toml"), 1 * GiB)
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        (
+            "quantization.gptq.escalate.tokens=1000000",
+            r"quantization\.gptq\.escalate\.texts\[0\]: select-prose has \d+ tokens, "
+            r"escalate\.tokens needs 1000001",
+        ),
+        (
+            "validation.judge_tokens=1000000",
+            r"validation\.judge_texts\[0\]: .*other-prose\.txt has \d+ tokens, "
+            r"validation\.judge_tokens needs 1000001",
+        ),
+    ],
+)
+def test_a_text_too_short_for_its_tokens_is_refused_before_any_weight(
+    tiny_checkpoint: Path, override: str, words: str
+) -> None:
+    from exporter.build.pipeline import prepare
+
+    with pytest.raises(RecipeError, match=words):
+        prepare("android-arm64", tiny_checkpoint, None, (override,))
