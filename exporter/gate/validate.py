@@ -15,6 +15,7 @@ from torch import nn
 
 from backends import Stepper
 
+from ..model.head import head_parts
 from ..model.transformer import Transformer
 from ..plumbing.memory import release_memory
 from ..recipe import ValidationSettings
@@ -46,7 +47,7 @@ def model_teacher(model: Transformer) -> Teacher:
         tokens = torch.tensor([list(ids)])
         with torch.no_grad():
             h = model.hidden(tokens, torch.tensor([0]), embedded=embedding_rows(model.tok_embeddings, tokens))
-            logits = model.finish_logits(blockwise_linear(model.output, h[0])).float()
+            logits = model.finish_logits(head_product(model.output, h[0])).float()
         model.reset_cache()
         return logits
 
@@ -74,6 +75,13 @@ def embedding_rows(embedding: nn.Embedding, tokens: torch.Tensor) -> torch.Tenso
     distinct, where = tokens.unique(return_inverse=True)
     rows = torch.cat([F.embedding(torch.tensor([0]), w[t : t + 1]) for t in distinct.tolist()])
     return rows[where]
+
+
+def head_product(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``head(x)``, each of its linears blockwise (a split head's logits put back in vocabulary order)."""
+    linears, place = head_parts(head)
+    out = torch.cat([blockwise_linear(linear, x) for linear in linears], -1)
+    return out if place is None else out.index_select(-1, place)
 
 
 def blockwise_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from ..gate.judge import ratio_interval
+from ..model.head import SplitHead, head_parts, linear_of
 from ..model.transformer import Transformer
 from ..recipe import Escalation, LinearQuant, StreamedGptq
 from .configs import stored_bytes_estimate
@@ -41,11 +43,16 @@ from .vocabulary import LogitBlocks, head_blocks, solve_head
 log = logging.getLogger("exporter")
 
 
-def blocked_nll(blocks: LogitBlocks, hidden: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
+def blocked_nll(
+    blocks: LogitBlocks, hidden: torch.Tensor, ids: Sequence[int], place: torch.Tensor | None = None
+) -> torch.Tensor:
     """Next-token NLL [T - 1] of final hidden states [T, E], the logits a block of vocabulary rows
     at a time (``vocabulary.head_blocks``): no [T, V] tensor and no whole head in fp32 (Gemma 3's
-    262k-row head dequantized is 671 MB)."""
+    262k-row head dequantized is 671 MB). ``place``: where each entry's row is among the blocks'
+    rows, where they are not in vocabulary order (``SplitHead``)."""
     target = torch.tensor(list(ids[1:]))
+    if place is not None:
+        target = place[target]
     norms, picked, start = [], torch.zeros(len(target)), 0
     for block in blocks(hidden):
         block = block.float()
@@ -97,9 +104,12 @@ def quantized_nll(model: Transformer, ids: Sequence[int]) -> torch.Tensor:
         looked_up = rows.dequantize() if hasattr(rows, "dequantize") else rows
         x = model.hidden(tokens, torch.tensor([0]), embedded=looked_up[None])[0, :-1]
         model.reset_cache()
-        weight = model.output.weight
-        logits = head_blocks(lambda a, b: head_rows(weight, a, b), weight.shape[0], model.finish_logits)
-        return blocked_nll(logits, x, ids)
+        linears, place = head_parts(model.output)
+        parts = [
+            head_blocks(partial(head_rows, linear.weight), linear.weight.shape[0], model.finish_logits)
+            for linear in linears
+        ]
+        return blocked_nll(lambda h: (block for part in parts for block in part(h)), x, ids, place)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +221,7 @@ def escalate(
     settings: Escalation,
     ratios: Callable[[], Scores],
     ladders: Sequence[Ladder],
-    head_step: Step | None,
+    head_steps: Callable[[], Sequence[Step]],
     target: float,
     bytes_now: float,
     all4_bytes: float,
@@ -237,8 +247,7 @@ def escalate(
                 offers.append((step, next_level))
             if len(offers) == LOOKAHEAD:
                 break
-        if head_step is not None:
-            offers.append((head_step, level))
+        offers.extend((step, level) for step in head_steps())
         offers = [(s, k) for s, k in offers if bytes_now + s.extra <= limit]
         best: tuple[float, Step, int, Scores] | None = None
         for step, next_level in offers:
@@ -255,8 +264,6 @@ def escalate(
         _, step, level, now = best
         step.apply()
         bytes_now += step.extra
-        if step is head_step:
-            head_step = None
         size = round(bytes_now / all4_bytes, 4)
         history.append({"step": step.name, "size_ratio": size, "ratios": _rounded(now)})
         log.info("[escalate] %s: weights x%.3f of all-4-bit, ratios %s", step.name, size, _rounded(now))
@@ -323,27 +330,81 @@ def weight_bytes(
     return all4, now
 
 
-def head_step(
-    model: Transformer,
-    head: torch.Tensor,
-    hessian: torch.Tensor,
-    settings: StreamedGptq,
-    base: LinearQuant,
-    dtype: torch.dtype,
-) -> Step:
-    """The head to int8 per channel, solved the first time it is tried."""
-    solved: list[torch.Tensor] = []
-    extra = stored_bytes_estimate(head.shape, INT8) - stored_bytes_estimate(head.shape, base)
+# the head's costliest 1/128, 1/32 and 1/8 of its rows offered at 8 bits, then all of them: a few
+# rows hold most of a 4-bit head's cost (docs/quality.md: Gemma 3 270M's head alone, 1.125 / 1.119 in
+# perplexity on other prose / code, is 1.018 / 1.030 with its costliest 1,000 rows at 8 bits)
+HEAD_SHARES = (128, 32, 8)
 
-    def apply() -> Callable[[], None]:
-        if not solved:
-            solved.append(to_torchao(solve_head(head, hessian, INT8, settings), INT8, dtype))
-        old = model.output.weight
-        model.output.weight = nn.Parameter(solved[0], requires_grad=False)
+
+class HeadRows:
+    """The head's rows to int8 per channel, costliest first (``ranking``, ``vocabulary.row_costs``):
+    a share of them as a ``SplitHead``, or the whole head, each offered while larger than what is
+    taken. Each int8 solve happens when first tried (rows are independent given the Hessian: the
+    first n rows of a solve of more are the solve of those n)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        head: torch.Tensor,
+        hessian: torch.Tensor,
+        ranking: torch.Tensor,
+        settings: StreamedGptq,
+        base: LinearQuant,
+        dtype: torch.dtype,
+    ) -> None:
+        self.model, self.head, self.hessian, self.ranking = model, head, hessian, ranking
+        self.settings, self.base, self.dtype = settings, base, dtype
+        assert isinstance(model.output, nn.Linear)  # the solved 4-bit head
+        self.int4 = model.output
+        self.vocab = head.shape[0]
+        self.sizes = sorted({max(1, self.vocab // k) for k in HEAD_SHARES} | {self.vocab})
+        self.taken = 0
+        self._solved: dict[str, torch.Tensor] = {}
+
+    def extra(self, rows: int) -> float:
+        """Bytes over the 4-bit head with ``rows`` of it at 8 bits (a split head's int32 index too)."""
+        if rows == 0:
+            return 0.0
+        shape = torch.Size((rows, self.head.shape[1]))
+        more = stored_bytes_estimate(shape, INT8) - stored_bytes_estimate(shape, self.base)
+        return more + (4.0 * self.vocab if rows < self.vocab else 0.0)
+
+    def steps(self) -> list[Step]:
+        """The sizes larger than the one taken, each as a step from it."""
+        return [
+            Step(self.name(n), self.extra(n) - self.extra(self.taken), partial(self._apply, n))
+            for n in self.sizes
+            if n > self.taken
+        ]
+
+    def name(self, rows: int) -> str:
+        return "head to int8" if rows == self.vocab else f"head's costliest {rows} rows to int8"
+
+    def _apply(self, rows: int) -> Callable[[], None]:
+        old, taken = self.model.output, self.taken
+        # the model's head is typed a Linear: it is one through every stage until this last one
+        setattr(self.model, "output", self._module(rows))  # noqa: B010
+        self.taken = rows
 
         def undo() -> None:
-            model.output.weight = old
+            self.model.output, self.taken = old, taken
 
         return undo
 
-    return Step("head to int8", extra, apply)
+    def _int8(self, key: str, rows: torch.Tensor | None) -> torch.Tensor:
+        if key not in self._solved:
+            head = self.head if rows is None else self.head[rows]
+            solved = solve_head(head, self.hessian, INT8, self.settings)
+            self._solved[key] = to_torchao(solved, INT8, self.dtype)
+        return self._solved[key]
+
+    def _module(self, rows: int) -> nn.Module:
+        if rows == self.vocab:
+            return linear_of(self._int8("whole", None))
+        most = max(n for n in self.sizes if n < self.vocab)
+        first = rows_of(self._int8("rows", self.ranking[:most]), slice(0, rows))
+        picked = self.ranking[:rows]
+        others = torch.ones(self.vocab, dtype=torch.bool)
+        others[picked] = False
+        rest = rows_of(self.int4.weight, others.nonzero()[:, 0])
+        return SplitHead(linear_of(first), linear_of(rest), picked)

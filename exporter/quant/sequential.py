@@ -47,10 +47,10 @@ from ..plumbing.threads import fixed_threads
 from ..recipe import LinearQuant, Recipe, StreamedGptq
 from .configs import stored_bytes_estimate
 from .escalate import (
+    HeadRows,
     Ladder,
     escalate,
     fp32_nll,
-    head_step,
     ladder,
     loader,
     selection_measure,
@@ -380,7 +380,9 @@ def gptq_module(
         )
         embedded = (from_fp32, from_quantized)
         release_memory()
-        solved, vocab = vocabulary_precision(model, source, recipe, head, hessian, embedded, xs)
+        solved, vocab, ranking = vocabulary_precision(
+            model, source, recipe, head, hessian, embedded, xs, rank_rows=escalation is not None
+        )
         model.output.weight = nn.Parameter(solved, requires_grad=False)
         escalated = None
         if escalation is not None:
@@ -388,16 +390,16 @@ def gptq_module(
             release_memory()
             linears = [block_linears(layer) for layer in model.layers]
             all4, now = weight_bytes(model, linears, blocks, vocab, base)
-            to_int8 = (
-                None if vocab["head_bits"] == 8 else head_step(model, head, hessian, settings, base, dtype)
-            )
+            rows = None if ranking is None else HeadRows(model, head, hessian, ranking, settings, base, dtype)
             target = settings.int8_error_target or max(b["chosen"] for b in blocks)
             ratios = selection_measure(model, {k: (select[k], reference[k]) for k in select})
-            escalated = escalate(escalation, ratios, ladders, to_int8, target, now, all4, loader(dtype))
+            head_steps = rows.steps if rows is not None else list
+            escalated = escalate(escalation, ratios, ladders, head_steps, target, now, all4, loader(dtype))
             for steps, b in zip(ladders, blocks, strict=True):
                 b["int8"] = sorted([*b["int8"], *(r.name for r in steps.raises[: steps.taken])])
-            if to_int8 is not None and any(t["step"] == to_int8.name for t in escalated["taken"]):
-                vocab["head_bits"] = 8
+            if rows is not None and rows.taken:
+                vocab["head_int8_rows"] = rows.taken
+                vocab["head_bits"] = 8 if rows.taken == rows.vocab else 4
     model.resize_cache(recipe.export.max_seq_len)
     model.cast_rope(dtype)
     seconds = time.perf_counter() - start

@@ -85,6 +85,24 @@ def mean_kl(
     return total / count
 
 
+def row_costs(reference: LogitBlocks, candidate: LogitBlocks, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Each vocabulary entry's share [V] of what ``candidate`` costs against ``reference`` on the
+    hidden states ``inputs``: the sum over positions of p * d^2, p the reference's probability of
+    the entry and d the error of its logit. KL is about half the p-weighted variance of the logit
+    errors, so the rows that cost are those whose error meets probability (ranked by it, a head's
+    costliest rows at 8 bits recover more per row than ranked by probability or by id, on the three
+    real models: docs/quality.md)."""
+    total: torch.Tensor | None = None
+    for x in inputs:
+        x = x.reshape(-1, x.shape[-1])
+        norm = torch.stack([b.logsumexp(-1) for b in reference(x)]).logsumexp(0)[:, None]
+        pairs = zip(reference(x), candidate(x), strict=True)
+        costs = torch.cat([((p - norm).exp() * (q - p) ** 2).sum(0) for p, q in pairs])
+        total = costs if total is None else total + costs
+    assert total is not None  # at least one window
+    return total
+
+
 def _over(kl: float, budget: float | None, bits: int) -> bool:
     """A 4-bit tensor whose measured cost is over the recipe's budget goes 8-bit."""
     return budget is not None and bits == 4 and kl > budget
@@ -98,10 +116,12 @@ def vocabulary_precision(
     hessian: torch.Tensor,
     embedded: tuple[list[torch.Tensor], list[torch.Tensor]],
     hidden: list[torch.Tensor],
-) -> tuple[torch.Tensor, dict[str, Any]]:
+    rank_rows: bool = False,
+) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor | None]:
     """The solved head, and embedding and head at 4 or 8 bits by their measured cost: ``embedded``
     is the final hidden states of the probe windows from fp32 and from quantized embedding rows
-    (through fp32 blocks), ``hidden`` the quantized model's on the calibration windows."""
+    (through fp32 blocks), ``hidden`` the quantized model's on the calibration windows. With
+    ``rank_rows``, a 4-bit head's rows costliest first (``row_costs`` on the probe windows)."""
     quant, settings = recipe.quantization, recipe.quantization.gptq
     assert settings is not None and quant.linear is not None
     dtype = DTYPES[recipe.export.dtype]
@@ -126,8 +146,11 @@ def vocabulary_precision(
         solved = solve_head(head, hessian, grid, settings)
         record["head_bits"] = 8
         record["head_kl_int8"] = mean_kl(fp32, _solved_blocks(model, solved), probe, probe)
+    ranking = None
+    if rank_rows and record["head_bits"] == 4:
+        ranking = row_costs(fp32, _solved_blocks(model, solved), probe).argsort(descending=True, stable=True)
     rounded = {k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()}
-    return to_torchao(solved, grid, dtype), rounded
+    return to_torchao(solved, grid, dtype), rounded, ranking
 
 
 def _solved_blocks(model: Transformer, solved: Quantized) -> LogitBlocks:

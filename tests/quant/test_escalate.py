@@ -98,7 +98,9 @@ def measure(
     return ratios
 
 
-def head_step(head: list[bool], extra: float) -> Step:
+def head_step(head: list[bool], extra: float) -> Callable[[], list[Step]]:
+    """The head's one step, offered until it is taken."""
+
     def apply() -> Callable[[], None]:
         head[0] = True
 
@@ -107,7 +109,7 @@ def head_step(head: list[bool], extra: float) -> Step:
 
         return undo
 
-    return Step("head to int8", extra, apply)
+    return lambda: [] if head[0] else [Step("head to int8", extra, apply)]
 
 
 SETTINGS = Escalation(aim=1.05, aim_size_ratio=1.1, bar=1.08, max_size_ratio=1.5, max_steps=8)
@@ -204,6 +206,7 @@ def test_the_nll_in_vocabulary_blocks_is_cross_entropy() -> None:
 
 
 def test_a_torchao_heads_rows_keep_its_rounding() -> None:
+    torch.manual_seed(0)
     linear = nn.Linear(64, 40, bias=False)
     quantize_linears(linear, INT8)
     x = torch.randn(5, 64)
@@ -212,7 +215,11 @@ def test_a_torchao_heads_rows_keep_its_rounding() -> None:
         [F.linear(x, head_rows(linear.weight, a, min(a + 16, 40))) for a in range(0, 40, 16)], -1
     )
     assert type(head_rows(linear.weight, 0, 16)) is type(linear.weight)
-    assert torch.equal(parts, whole)
+    # the same products up to the order of float sums (a kernel's tiling differs by row count: exact
+    # on some CPUs, 4e-7 apart on others), and the activations rounded as the whole weight rounds
+    # them: without that rounding the product is 1e-2 away
+    assert torch.allclose(parts, whole, rtol=0, atol=1e-5)
+    assert not torch.allclose(F.linear(x, linear.weight.dequantize()), whole, rtol=0, atol=1e-3)
 
 
 def test_the_selection_nll_is_the_quantized_models_own(tiny_checkpoint: Path) -> None:
