@@ -15,9 +15,11 @@ from torch import nn
 
 from exporter.gate.judge import windows_of
 from exporter.model.checkpoint import load_model, open_checkpoint
+from exporter.model.head import SplitHead, linear_of
 from exporter.quant.configs import quantize_linears, quantize_model
 from exporter.quant.escalate import (
     POOLED,
+    HeadRows,
     Ladder,
     Raise,
     Score,
@@ -29,8 +31,8 @@ from exporter.quant.escalate import (
     head_rows,
     quantized_nll,
 )
-from exporter.quant.gptq import INT8
-from exporter.quant.vocabulary import head_blocks
+from exporter.quant.gptq import INT8, to_torchao
+from exporter.quant.vocabulary import head_blocks, solve_head
 from exporter.recipe import Escalation, load_recipe
 
 RAISED = 1.0  # a raised stand-in linear's weight
@@ -239,3 +241,44 @@ def test_the_selection_nll_is_the_quantized_models_own(tiny_checkpoint: Path) ->
     with patch("exporter.quant.vocabulary.HEAD_ROWS", 100):  # several blocks of the tiny vocabulary
         got = quantized_nll(model, ids)
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_the_heads_rows_go_int8_costliest_first_each_size_once() -> None:
+    torch.manual_seed(0)
+    vocab, dim = 4096, 64
+    head = torch.randn(vocab, dim).to(torch.bfloat16)
+    x = torch.randn(512, dim) * torch.linspace(0.1, 3.0, dim)
+    hessian = x.T @ x
+    recipe = load_recipe("android-arm64")
+    settings, base = recipe.quantization.gptq, recipe.quantization.linear
+    assert settings is not None and base is not None
+    int4 = linear_of(to_torchao(solve_head(head, hessian, base, settings), base, torch.float32))
+    model = nn.Module()
+    model.output = int4
+    ranking = torch.randperm(vocab)
+    rows = HeadRows(model, head, hessian, ranking, settings, base, torch.float32)  # type: ignore[arg-type]
+    assert [s.name for s in rows.steps()] == [
+        "head's costliest 32 rows to int8",
+        "head's costliest 128 rows to int8",
+        "head's costliest 512 rows to int8",
+        "head to int8",
+    ]
+    step = rows.steps()[1]
+    # the rows' int8 bytes over their int4 ones, and the split's int32 index of every entry
+    assert step.extra == pytest.approx(128 * dim * (1 - 0.5 - 2 / 32) + 128 * 4 + 4 * vocab)
+    undo = step.apply()
+    assert isinstance(model.output, SplitHead) and rows.taken == 128
+    # its own storage, not a view of the 512 rows solved: export writes a view's whole storage
+    codes = model.output.first.weight.qdata
+    assert codes.untyped_storage().nbytes() == codes.nbytes == 128 * dim
+    with torch.no_grad():
+        got = model.output(x[:5])
+        picked = ranking[:128]
+        int8 = linear_of(to_torchao(solve_head(head[picked], hessian, INT8, settings), INT8, torch.float32))
+        want = int4(x[:5])
+        want[:, picked] = int8(x[:5])
+    assert torch.allclose(got, want, atol=1e-5)  # its rows int8, every other entry as it was
+    assert [s.name for s in rows.steps()] == ["head's costliest 512 rows to int8", "head to int8"]
+    assert rows.steps()[0].extra == pytest.approx(rows.extra(512) - rows.extra(128))
+    undo()
+    assert model.output is int4 and rows.taken == 0
