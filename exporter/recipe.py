@@ -162,7 +162,8 @@ class Escalation:
     """After the tuning, more int8 where text from a third source says the model needs it
     (``exporter/quant/escalate.py``): the quantized model is scored against fp32 on ``texts``; while
     its perplexity ratio over all their tokens is over ``aim``, the next step of precision (each
-    block's int8 choice pushed to a lower output-error target, or the head to int8), whichever
+    block's int8 choice pushed to a lower output-error target, the head's costliest rows or all of
+    it to int8), whichever
     measures the most gain per byte, is taken while the weights stay within ``aim_size_ratio``
     times their all-4-bit bytes; while the ratio is over ``bar``, within ``max_size_ratio``."""
 

@@ -91,6 +91,11 @@ GPTQ_BYTES_PER_MODEL_PARAMETER = 1.07
 GPTQ_BYTES_PER_BLOCK_PARAMETER = 28
 GPTQ_VOCAB_STAGE_BYTES = 150 * 2**20
 GPTQ_BYTES_PER_VOCAB_ENTRY = 6.2
+# The escalation's head-row steps (since stop 32) build a split head per size tried, each a copy of
+# the 4-bit head less its int8 rows (1.07 bytes per entry), beside the whole 4-bit head, and the
+# allocator keeps what the tried ones freed: fitted to the tuning stage's peak of the first builds
+# with them (build-info): Qwen2.5-Coder-0.5B 2,525 MiB (estimate 2,566), Gemma 3 270M 2,751 (2,656).
+GPTQ_ESCALATION_BYTES_PER_VOCAB_ENTRY = 3.3
 
 
 def gptq_memory_bytes(args: ModelArgs, settings: StreamedGptq) -> int:
@@ -107,7 +112,10 @@ def gptq_memory_bytes(args: ModelArgs, settings: StreamedGptq) -> int:
         args.parameter_count() + (embed if args.tie_word_embeddings else 0)
     )
     block_stage = GPTQ_BYTES_PER_BLOCK_PARAMETER * block + hessians + activations
-    vocabulary_stage = GPTQ_VOCAB_STAGE_BYTES + GPTQ_BYTES_PER_VOCAB_ENTRY * embed
+    per_entry = GPTQ_BYTES_PER_VOCAB_ENTRY + (
+        GPTQ_ESCALATION_BYTES_PER_VOCAB_ENTRY if settings.escalate is not None else 0.0
+    )
+    vocabulary_stage = GPTQ_VOCAB_STAGE_BYTES + per_entry * embed
     return int(GPTQ_BASE_BYTES + model + max(block_stage, vocabulary_stage))
 
 
