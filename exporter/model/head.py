@@ -23,9 +23,7 @@ class SplitHead(nn.Module):
         super().__init__()
         self.first, self.rest = first, rest
         vocab = first.out_features + rest.out_features
-        others = torch.ones(vocab, dtype=torch.bool)
-        others[rows] = False
-        order = torch.cat([rows, others.nonzero()[:, 0]])
+        order = torch.cat([rows, other_rows(rows, vocab)])
         # int32: half the bytes of int64 in the artifact (ExecuTorch's index_select takes either)
         place = torch.empty(vocab, dtype=torch.int32)
         place[order] = torch.arange(vocab, dtype=torch.int32)
@@ -34,16 +32,19 @@ class SplitHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.first(x), self.rest(x)], -1).index_select(-1, self.place)
 
-    @property
-    def parts(self) -> tuple[nn.Linear, nn.Linear]:
-        return self.first, self.rest
+
+def other_rows(rows: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The vocabulary entries not in ``rows``, ascending: a ``SplitHead``'s ``rest``."""
+    others = torch.ones(vocab, dtype=torch.bool)
+    others[rows] = False
+    return others.nonzero()[:, 0]
 
 
 def head_parts(head: nn.Module) -> tuple[list[nn.Linear], torch.Tensor | None]:
     """A head's linears in the order their rows are stored, and each vocabulary entry's index among
     those rows (None: the rows are the vocabulary's, in order)."""
     if isinstance(head, SplitHead):
-        return list(head.parts), head.place.long()
+        return [head.first, head.rest], head.place.long()
     assert isinstance(head, nn.Linear)
     return [head], None
 

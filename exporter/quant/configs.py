@@ -10,6 +10,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ..model.head import linear_of
 from ..model.transformer import Transformer
 from ..recipe import EmbeddingQuant, LinearQuant, Quantization
 
@@ -107,7 +108,7 @@ def quantize_linears(
 
 def quantized_weight(weight: torch.Tensor, q: LinearQuant) -> torch.Tensor:
     """``weight`` [out, in] quantized by torchao at precision ``q`` (a tensor subclass)."""
-    linear = _like(nn.Linear(1, 1), weight.detach())
+    linear = linear_of(weight.detach())
     quantize_linears(linear, q)
     return cast(torch.Tensor, linear.weight).detach()
 
@@ -188,11 +189,10 @@ def quantize_rows(
 
 
 def _like(module: nn.Linear | nn.Embedding, weight: torch.Tensor) -> nn.Module:
+    if not isinstance(module, nn.Embedding):
+        return linear_of(weight)
     with torch.device("meta"):
-        if isinstance(module, nn.Embedding):
-            piece: nn.Module = nn.Embedding(weight.shape[0], weight.shape[1])
-        else:
-            piece = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        piece = nn.Embedding(weight.shape[0], weight.shape[1])
     piece.weight = nn.Parameter(weight, requires_grad=False)
     return piece
 

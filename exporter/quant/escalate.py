@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..gate.judge import ratio_interval
-from ..model.head import SplitHead, head_parts, linear_of
+from ..model.head import SplitHead, head_parts, linear_of, other_rows
 from ..model.transformer import Transformer
 from ..recipe import Escalation, LinearQuant, StreamedGptq
 from .configs import stored_bytes_estimate
@@ -407,7 +407,5 @@ class HeadRows:
         # storage (Qwen2.5's .pte carried all 18,992 solved rows for 4,748 used: +12.8 MB)
         first = rows_of(self._int8("rows", self.ranking[:most]), torch.arange(rows))
         picked = self.ranking[:rows]
-        others = torch.ones(self.vocab, dtype=torch.bool)
-        others[picked] = False
-        rest = rows_of(self.int4.weight, others.nonzero()[:, 0])
+        rest = rows_of(self.int4.weight, other_rows(picked, self.vocab))
         return SplitHead(linear_of(first), linear_of(rest), picked)

@@ -45,7 +45,7 @@ SPLIT_OUTSIDE = {"aten::index_select.out", "aten::cat.out"}
 def split_head(recipe: Recipe, model: Transformer) -> torch.nn.Module:
     """The recipe's module with its head split as the escalation splits it: 300 scattered rows
     int8 per channel, the rest as the recipe quantizes them."""
-    from exporter.model.head import linear_of
+    from exporter.model.head import linear_of, other_rows
     from exporter.quant.configs import quantize_linears
     from exporter.quant.escalate import rows_of
     from exporter.quant.gptq import INT8
@@ -56,9 +56,7 @@ def split_head(recipe: Recipe, model: Transformer) -> torch.nn.Module:
     rows = torch.randperm(head.shape[0], generator=torch.Generator().manual_seed(0))[:300]
     first = linear_of(head[rows])
     quantize_linears(first, INT8)
-    others = torch.ones(head.shape[0], dtype=torch.bool)
-    others[rows] = False
-    rest = linear_of(rows_of(model.output.weight, others.nonzero()[:, 0]))
+    rest = linear_of(rows_of(model.output.weight, other_rows(rows, head.shape[0])))
     model.output = SplitHead(first, rest, rows)  # type: ignore[assignment]
     return for_export(recipe, model)
 

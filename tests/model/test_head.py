@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from exporter.model.head import SplitHead, head_parts, linear_of
+from exporter.model.head import SplitHead, head_parts, linear_of, other_rows
 
 
 def split(weight: torch.Tensor, rows: torch.Tensor) -> SplitHead:
-    others = torch.ones(weight.shape[0], dtype=torch.bool)
-    others[rows] = False
-    return SplitHead(linear_of(weight[rows]), linear_of(weight[others]), rows)
+    return SplitHead(linear_of(weight[rows]), linear_of(weight[other_rows(rows, weight.shape[0])]), rows)
 
 
 def test_a_split_head_gives_the_logits_in_vocabulary_order() -> None:
